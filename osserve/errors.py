@@ -1,0 +1,44 @@
+"""Typed errors. The server maps each class to an HTTP status once (server/errors.py)."""
+
+from __future__ import annotations
+
+
+class OsserveError(Exception):
+    """Base class of every error osserve raises on purpose."""
+
+    def __init__(self, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.param = param
+
+
+class ConfigError(OsserveError):
+    """A config.json, preset or engine setting osserve cannot use."""
+
+
+class CheckpointError(OsserveError):
+    """A checkpoint is missing a tensor, or has one of the wrong shape or dtype."""
+
+
+class TokenizerError(OsserveError):
+    """The offline vocabulary is missing or corrupt."""
+
+
+class InvalidRequestError(OsserveError):
+    """A request's fields are out of range or inconsistent (HTTP 400)."""
+
+
+class ContextLengthError(InvalidRequestError):
+    """Prompt plus max_tokens exceed the model's context (HTTP 400)."""
+
+
+class ModelNotFoundError(OsserveError):
+    """The request names a model this server does not serve (HTTP 404)."""
+
+
+class OverloadedError(OsserveError):
+    """The waiting queue is full (HTTP 503 with Retry-After)."""
+
+
+class EngineDeadError(OsserveError):
+    """The engine's step loop failed; requests cannot be served (HTTP 500/503)."""
