@@ -1,0 +1,101 @@
+"""Mixture of experts: gpt-oss's router and clamped-SwiGLU experts.
+
+Expert weights stay MXFP4 (see ops/mxfp4.py): gate_up [E, 2I, H] with gate and up interleaved
+by row (even rows gate, odd rows up), down [E, H, I], both out x in, plus biases.
+This file is the specification (plain PyTorch); fast paths implement the same function.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from osserve.ops.mxfp4 import dequantize_mxfp4
+
+SWIGLU_ALPHA = 1.702
+
+
+@dataclass
+class ExpertWeights:
+    """One layer's experts, as stored in the checkpoint (MXFP4) or dequantised (bf16/fp32)."""
+
+    gate_up_blocks: torch.Tensor | None  # [E, 2I, H/32, 16] uint8
+    gate_up_scales: torch.Tensor | None  # [E, 2I, H/32] uint8
+    gate_up_bias: torch.Tensor  # [E, 2I]
+    down_blocks: torch.Tensor | None  # [E, H, I/32, 16] uint8
+    down_scales: torch.Tensor | None  # [E, H, I/32] uint8
+    down_bias: torch.Tensor  # [E, H]
+    gate_up_dense: torch.Tensor | None = None  # [E, 2I, H], when dequantised once at load
+    down_dense: torch.Tensor | None = None  # [E, H, I]
+
+    @property
+    def num_experts(self) -> int:
+        return self.gate_up_bias.shape[0]
+
+    def gate_up(self, dtype: torch.dtype) -> torch.Tensor:
+        if self.gate_up_dense is not None:
+            return self.gate_up_dense.to(dtype)
+        assert self.gate_up_blocks is not None and self.gate_up_scales is not None
+        return dequantize_mxfp4(self.gate_up_blocks, self.gate_up_scales, dtype)
+
+    def down(self, dtype: torch.dtype) -> torch.Tensor:
+        if self.down_dense is not None:
+            return self.down_dense.to(dtype)
+        assert self.down_blocks is not None and self.down_scales is not None
+        return dequantize_mxfp4(self.down_blocks, self.down_scales, dtype)
+
+    def dequantize_in_place(self, dtype: torch.dtype) -> None:
+        """Keep dense copies (and drop the MXFP4 tensors): the simple fast path on GPU."""
+        self.gate_up_dense = self.gate_up(dtype)
+        self.down_dense = self.down(dtype)
+        self.gate_up_blocks = self.gate_up_scales = self.down_blocks = self.down_scales = None
+
+
+def route(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, top_k: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Router: logits -> top-k -> softmax over those k. Returns (weights [T, k], ids [T, k])."""
+    logits = torch.nn.functional.linear(x, weight, bias)
+    top_vals, top_ids = torch.topk(logits, top_k, dim=-1)
+    return torch.softmax(top_vals, dim=-1, dtype=top_vals.dtype), top_ids
+
+
+def swiglu(gate_up: torch.Tensor, limit: float) -> torch.Tensor:
+    """[N, 2I] interleaved -> [N, I]: glu = min(gate, limit); up clamped; glu*sigmoid(a*glu)*(up+1)."""
+    gate = gate_up[..., ::2].clamp(max=limit)
+    up = gate_up[..., 1::2].clamp(min=-limit, max=limit)
+    return gate * torch.sigmoid(gate * SWIGLU_ALPHA) * (up + 1)
+
+
+def moe_reference(
+    x: torch.Tensor,
+    topk_weights: torch.Tensor,
+    topk_ids: torch.Tensor,
+    experts: ExpertWeights,
+    swiglu_limit: float,
+) -> torch.Tensor:
+    """x [T, H] -> [T, H]: the sum over each token's k experts of weight * expert(x).
+
+    Dequantises and loops over the experts that received tokens; computes in x's dtype.
+    """
+    out = torch.zeros_like(x)
+    w1 = experts.gate_up(x.dtype)
+    w2 = experts.down(x.dtype)
+    for e in torch.unique(topk_ids).tolist():
+        token_idx, slot = torch.where(topk_ids == e)
+        h = torch.nn.functional.linear(x[token_idx], w1[e], experts.gate_up_bias[e].to(x.dtype))
+        h = torch.nn.functional.linear(swiglu(h, swiglu_limit), w2[e], experts.down_bias[e].to(x.dtype))
+        out.index_add_(0, token_idx, h * topk_weights[token_idx, slot, None])
+    return out
+
+
+def fused_moe(
+    x: torch.Tensor,
+    topk_weights: torch.Tensor,
+    topk_ids: torch.Tensor,
+    experts: ExpertWeights,
+    swiglu_limit: float,
+) -> torch.Tensor:
+    """Dispatch: the fast kernels where available, the reference elsewhere."""
+    return moe_reference(x, topk_weights, topk_ids, experts, swiglu_limit)

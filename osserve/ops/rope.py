@@ -1,0 +1,54 @@
+"""YaRN rotary position embedding (rotate-half layout), as gpt-oss uses it."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from osserve.config import YarnRope
+
+
+def yarn_inv_freq(rope: YarnRope, head_dim: int) -> tuple[torch.Tensor, float]:
+    """Inverse frequencies [head_dim/2] (float32) and the concentration applied to cos/sin.
+
+    Low frequencies (long wavelengths) are interpolated by `factor`, high ones extrapolated,
+    with a linear ramp between the dimensions given by beta_fast and beta_slow.
+    """
+    base, dim = rope.theta, head_dim
+
+    def correction_dim(num_rotations: float) -> float:
+        return (dim * math.log(rope.original_max_position_embeddings / (num_rotations * 2 * math.pi))) / (
+            2 * math.log(base)
+        )
+
+    low, high = correction_dim(rope.beta_fast), correction_dim(rope.beta_slow)
+    if rope.truncate:
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, dim - 1)
+    if low == high:
+        high += 0.001  # avoid a zero-width ramp
+    ramp = ((torch.arange(dim // 2, dtype=torch.float32) - low) / (high - low)).clamp(0, 1)
+    extrapolation_weight = 1 - ramp
+    pos_freqs = base ** (torch.arange(0, dim, 2, dtype=torch.float32) / dim)
+    inv_extra = 1.0 / pos_freqs
+    inv_inter = 1.0 / (rope.factor * pos_freqs)
+    inv_freq = inv_inter * (1 - extrapolation_weight) + inv_extra * extrapolation_weight
+    concentration = 0.1 * math.log(rope.factor) + 1.0 if rope.factor > 1 else 1.0
+    return inv_freq, concentration
+
+
+def rope_cos_sin(
+    positions: torch.Tensor, inv_freq: torch.Tensor, concentration: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """positions [T] -> cos, sin [T, head_dim/2] in float32, scaled by the concentration."""
+    freqs = positions.to(torch.float32)[:, None] * inv_freq.to(positions.device)[None, :]
+    return freqs.cos() * concentration, freqs.sin() * concentration
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x [T, heads, head_dim] rotated by (cos, sin) [T, head_dim/2]; rotate-half, not interleaved."""
+    first, second = x.chunk(2, dim=-1)
+    c = cos.to(x.dtype)[:, None, :]
+    s = sin.to(x.dtype)[:, None, :]
+    return torch.cat((first * c - second * s, second * c + first * s), dim=-1)
