@@ -52,15 +52,6 @@ class ExpertWeights:
         self.gate_up_blocks = self.gate_up_scales = self.down_blocks = self.down_scales = None
 
 
-def route(
-    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, top_k: int
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Router: logits -> top-k -> softmax over those k. Returns (weights [T, k], ids [T, k])."""
-    logits = torch.nn.functional.linear(x, weight, bias)
-    top_vals, top_ids = torch.topk(logits, top_k, dim=-1)
-    return torch.softmax(top_vals, dim=-1, dtype=top_vals.dtype), top_ids
-
-
 def swiglu(gate_up: torch.Tensor, limit: float) -> torch.Tensor:
     """[N, 2I] interleaved -> [N, I]: glu = min(gate, limit); up clamped; glu*sigmoid(a*glu)*(up+1)."""
     gate = gate_up[..., ::2].clamp(max=limit)

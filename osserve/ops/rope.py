@@ -52,3 +52,24 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     c = cos.to(x.dtype)[:, None, :]
     s = sin.to(x.dtype)[:, None, :]
     return torch.cat((first * c - second * s, second * c + first * s), dim=-1)
+
+
+def rope_and_cache(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rotate q [T, H, D] and k [T, KVH, D], store k and v [T, KVH, D] into the paged cache.
+
+    Returns the rotated (q, k). The fused kernel does all of it in one pass.
+    """
+    from osserve.ops.attention import write_kv
+
+    q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+    write_kv(k, v, k_cache, v_cache, slot_mapping)
+    return q, k
