@@ -21,8 +21,8 @@ def dequantize_mxfp4(
 ) -> torch.Tensor:
     """[..., G, 16] uint8 nibbles + [..., G] uint8 scales -> [..., G*32] values in `dtype`.
 
-    Exact in float32 (every E2M1 value times a power of two is representable); bf16 is exact too
-    unless the scale leaves bf16's exponent range.
+    Exact in float32 and bf16 (an E2M1 value times a power of two is representable) for scale
+    bytes up to 252; 6 * 2^126 and above overflow to inf, as in any float32 implementation.
     """
     if blocks.dtype != torch.uint8 or scales.dtype != torch.uint8:
         raise TypeError("MXFP4 blocks and scales must be uint8")

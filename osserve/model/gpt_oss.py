@@ -1,0 +1,197 @@
+"""The gpt-oss model as a plain nn.Module, built from a ModelConfig.
+
+Module and parameter names mirror Hugging Face's checkpoint (`model.layers.N.self_attn.q_proj`,
+`model.layers.N.mlp.experts.gate_up_proj_blocks`, ...), so loading is a name-for-name copy.
+
+The forward takes a flat batch: T tokens from several sequences, their positions, the batch's
+AttentionMetadata and one (k_cache, v_cache) pair per layer. Prefill, chunked prefill and decode
+are all this one call; the runner decides what goes in (see engine/runner.py). Compilation and
+CUDA graphs are applied by the runner, not here.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from osserve.config import ModelConfig
+from osserve.ops.attention import AttentionMetadata, paged_attention
+from osserve.ops.moe import ExpertWeights, fused_moe
+from osserve.ops.norm import add_rms_norm, rms_norm
+from osserve.ops.rope import rope_and_cache, rope_cos_sin, yarn_inv_freq
+from osserve.ops.router import route
+
+SLIDING_GROUP = "sliding"
+FULL_GROUP = "full"
+
+KVCache = tuple[torch.Tensor, torch.Tensor]  # k, v: [num_blocks, block_size, kv_heads, head_dim]
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, hidden_size: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(hidden_size))
+        self.eps = eps
+
+
+class Attention(nn.Module):
+    """GQA attention with learned sinks; sliding-window layers see the last `window` tokens."""
+
+    def __init__(self, cfg: ModelConfig, layer_idx: int) -> None:
+        super().__init__()
+        self.num_heads = cfg.num_attention_heads
+        self.num_kv_heads = cfg.num_key_value_heads
+        self.head_dim = cfg.head_dim
+        self.q_proj = nn.Linear(cfg.hidden_size, cfg.q_size, bias=True)
+        self.k_proj = nn.Linear(cfg.hidden_size, cfg.kv_size, bias=True)
+        self.v_proj = nn.Linear(cfg.hidden_size, cfg.kv_size, bias=True)
+        self.o_proj = nn.Linear(cfg.q_size, cfg.hidden_size, bias=True)
+        self.sinks = nn.Parameter(torch.empty(cfg.num_attention_heads))
+        self.window = cfg.window_of(layer_idx)
+        self.group = SLIDING_GROUP if self.window is not None else FULL_GROUP
+        self.scale = cfg.head_dim**-0.5
+
+    def forward(
+        self,
+        x: torch.Tensor,  # [T, hidden]
+        cos: torch.Tensor,  # [T, head_dim/2] fp32
+        sin: torch.Tensor,
+        meta: AttentionMetadata,
+        kv_cache: KVCache,
+    ) -> torch.Tensor:
+        t = x.shape[0]
+        q = self.q_proj(x).view(t, self.num_heads, self.head_dim)
+        k = self.k_proj(x).view(t, self.num_kv_heads, self.head_dim)
+        v = self.v_proj(x).view(t, self.num_kv_heads, self.head_dim)
+        tables = meta.groups[self.group]
+        k_cache, v_cache = kv_cache
+        q, _ = rope_and_cache(q, k, v, cos, sin, k_cache, v_cache, tables.slot_mapping)
+        out = paged_attention(
+            q, k_cache, v_cache, self.sinks, meta, tables, self.scale, self.window
+        )
+        return self.o_proj(out.reshape(t, self.num_heads * self.head_dim))
+
+
+class Experts(nn.Module):
+    """The experts of one layer, kept as stored: MXFP4 blocks and scales plus biases."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        e, h, i = cfg.num_local_experts, cfg.hidden_size, cfg.intermediate_size
+        u8 = torch.uint8
+        self.gate_up_proj_blocks = nn.Buffer(torch.empty(e, 2 * i, h // 32, 16, dtype=u8))
+        self.gate_up_proj_scales = nn.Buffer(torch.empty(e, 2 * i, h // 32, dtype=u8))
+        self.gate_up_proj_bias = nn.Parameter(torch.empty(e, 2 * i))
+        self.down_proj_blocks = nn.Buffer(torch.empty(e, h, i // 32, 16, dtype=u8))
+        self.down_proj_scales = nn.Buffer(torch.empty(e, h, i // 32, dtype=u8))
+        self.down_proj_bias = nn.Parameter(torch.empty(e, h))
+        # Dense copies when the runner dequantises once at load (or a demo model trains).
+        self.gate_up_dense: torch.Tensor | None = None
+        self.down_dense: torch.Tensor | None = None
+
+    def weights(self) -> ExpertWeights:
+        dense = self.gate_up_dense is not None
+        return ExpertWeights(
+            gate_up_blocks=None if dense else self.gate_up_proj_blocks,
+            gate_up_scales=None if dense else self.gate_up_proj_scales,
+            gate_up_bias=self.gate_up_proj_bias,
+            down_blocks=None if dense else self.down_proj_blocks,
+            down_scales=None if dense else self.down_proj_scales,
+            down_bias=self.down_proj_bias,
+            gate_up_dense=self.gate_up_dense,
+            down_dense=self.down_dense,
+        )
+
+
+class MLP(nn.Module):
+    """Router (top-k, softmax after top-k) and clamped-SwiGLU experts."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.router = nn.Linear(cfg.hidden_size, cfg.num_local_experts, bias=True)
+        self.experts = Experts(cfg)
+        self.top_k = cfg.num_experts_per_tok
+        self.swiglu_limit = cfg.swiglu_limit
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        weights, ids = route(x, self.router.weight, self.router.bias, self.top_k)
+        return fused_moe(x, weights, ids, self.experts.weights(), self.swiglu_limit)
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer_idx: int) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.self_attn = Attention(cfg, layer_idx)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.mlp = MLP(cfg)
+        self.eps = cfg.rms_norm_eps
+
+    def forward(
+        self,
+        h: torch.Tensor,
+        residual: torch.Tensor | None,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        meta: AttentionMetadata,
+        kv_cache: KVCache,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Returns (this layer's MLP output, the residual stream before it): the next layer's
+        input norm adds the two, so each residual add is fused with the norm after it."""
+        if residual is None:
+            residual, x = h, rms_norm(h, self.input_layernorm.weight, self.eps)
+        else:
+            x, residual = add_rms_norm(h, residual, self.input_layernorm.weight, self.eps)
+        a = self.self_attn(x, cos, sin, meta, kv_cache)
+        x, residual = add_rms_norm(a, residual, self.post_attention_layernorm.weight, self.eps)
+        return self.mlp(x), residual
+
+
+class GptOssModel(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(cfg, i) for i in range(cfg.num_hidden_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+
+class GptOssForCausalLM(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.config = cfg
+        self.model = GptOssModel(cfg)
+        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        inv_freq, concentration = yarn_inv_freq(cfg.rope, cfg.head_dim)
+        self.inv_freq = nn.Buffer(inv_freq, persistent=False)
+        self.rope_concentration = concentration
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,  # [T] int64
+        positions: torch.Tensor,  # [T] int64
+        meta: AttentionMetadata,
+        kv_caches: list[KVCache],  # one per layer
+    ) -> torch.Tensor:
+        """Returns the final hidden states [T, hidden] (logits only where the runner asks)."""
+        h = self.model.embed_tokens(input_ids)
+        cos, sin = rope_cos_sin(positions, self.inv_freq, self.rope_concentration)
+        residual: torch.Tensor | None = None
+        for layer, kv in zip(self.model.layers, kv_caches, strict=True):
+            h, residual = layer(h, residual, cos, sin, meta, kv)
+        assert residual is not None
+        out, _ = add_rms_norm(h, residual, self.model.norm.weight, self.config.rms_norm_eps)
+        return out
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """hidden [N, hidden] -> logits [N, vocab] in float32."""
+        return self.lm_head(hidden).float()
+
+    def dequantize_experts(self, dtype: torch.dtype) -> None:
+        """Replace every layer's MXFP4 experts by dense copies (freeing the 4-bit tensors)."""
+        for layer in self.model.layers:
+            ex = layer.mlp.experts
+            w = ex.weights()
+            ex.gate_up_dense, ex.down_dense = w.gate_up(dtype), w.down(dtype)
+            empty = torch.empty(0, dtype=torch.uint8, device=ex.gate_up_dense.device)
+            ex.gate_up_proj_blocks = ex.gate_up_proj_scales = empty
+            ex.down_proj_blocks = ex.down_proj_scales = empty
