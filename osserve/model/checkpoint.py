@@ -32,13 +32,13 @@ Init = Callable[[tuple[int, ...], torch.Generator], torch.Tensor]
 
 def _normal(std: float, mean: float = 0.0) -> Init:
     def init(shape: tuple[int, ...], g: torch.Generator) -> torch.Tensor:
-        return (torch.randn(shape, generator=g) * std + mean).to(torch.bfloat16)
+        return (torch.randn(shape, generator=g, device=g.device) * std + mean).to(torch.bfloat16)
 
     return init
 
 
 def _mxfp4_blocks(shape: tuple[int, ...], g: torch.Generator) -> torch.Tensor:
-    return torch.randint(0, 256, shape, generator=g, dtype=torch.int32).to(torch.uint8)
+    return torch.randint(0, 256, shape, generator=g, device=g.device, dtype=torch.uint8)
 
 
 def _mxfp4_scales(fan_in: int, gain: float) -> Init:
@@ -46,7 +46,7 @@ def _mxfp4_scales(fan_in: int, gain: float) -> Init:
     center = round(math.log2(gain / (math.sqrt(fan_in) * E2M1_RMS))) + 127
 
     def init(shape: tuple[int, ...], g: torch.Generator) -> torch.Tensor:
-        jitter = torch.randint(-1, 2, shape, generator=g, dtype=torch.int32)
+        jitter = torch.randint(-1, 2, shape, generator=g, device=g.device, dtype=torch.int32)
         return (center + jitter).clamp(0, 254).to(torch.uint8)
 
     return init
@@ -77,14 +77,16 @@ def _initializer(name: str, cfg: ModelConfig) -> Init:
     raise ValueError(f"no initializer for {name}")
 
 
-def random_tensors(cfg: ModelConfig, seed: int) -> Iterator[tuple[str, torch.Tensor]]:
+def random_tensors(
+    cfg: ModelConfig, seed: int, device: str | torch.device = "cpu"
+) -> Iterator[tuple[str, torch.Tensor]]:
     """Every checkpoint tensor, in layout order, each from its own seeded generator.
 
     One generator per tensor (seed mixed with the tensor's index) keeps any tensor reproducible
     without generating the ones before it.
     """
     for idx, (name, (shape, dtype)) in enumerate(checkpoint_layout(cfg).items()):
-        g = torch.Generator().manual_seed(seed * 100_003 + idx)
+        g = torch.Generator(device=device).manual_seed(seed * 100_003 + idx)
         t = _initializer(name, cfg)(shape, g)
         assert t.dtype == dtype, (name, t.dtype, dtype)
         yield name, t
@@ -140,3 +142,14 @@ def write_checkpoint(
 
 def checkpoint_size_bytes(cfg: ModelConfig) -> int:
     return sum(math.prod(s) * d.itemsize for s, d in checkpoint_layout(cfg).values())
+
+
+def fill_random_weights(model: torch.nn.Module, cfg: ModelConfig, seed: int = 0) -> None:
+    """`--load-format dummy`: random weights of the real shapes generated straight on the model's
+    device, one tensor at a time, so a 120b needs no disk and no host copy."""
+    targets = dict(model.named_parameters()) | dict(model.named_buffers())
+    device = next(model.parameters()).device
+    with torch.no_grad():
+        for name, tensor in random_tensors(cfg, seed, device):
+            targets[name].copy_(tensor)
+            del tensor

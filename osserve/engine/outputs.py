@@ -1,0 +1,87 @@
+"""What the engine tells its callers: per-step deltas, final outputs, stats, and the narrow
+interface a server needs (`EngineClient`), so server tests can pass a stub that replays tokens."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from osserve.engine.sampling_params import SamplingParams
+
+
+@dataclass
+class TokenLogprob:
+    """The chosen token's logprob and the top alternatives (id, logprob), best first."""
+
+    token_id: int
+    logprob: float
+    top: list[tuple[int, float]] = field(default_factory=list)
+
+
+@dataclass
+class CompletionDelta:
+    """One request's news from one engine step (streamed by AsyncEngine.generate)."""
+
+    request_id: str
+    new_token_ids: list[int]
+    new_text: str  # the decoded text of the new tokens (stop strings already cut out)
+    new_logprobs: list[TokenLogprob] | None
+    finished: bool
+    finish_reason: str | None  # "stop" | "length" | "abort" | "error"
+    stop_reason: int | str | None  # the stop token id or stop string that ended it
+    num_prompt_tokens: int
+    num_cached_tokens: int  # prompt tokens served from the prefix cache
+    num_output_tokens: int  # so far
+    error: str | None = None
+
+
+@dataclass
+class RequestOutput:
+    """A finished request (LLM.generate's result): ids and text of the whole output."""
+
+    request_id: str
+    prompt_token_ids: list[int]
+    token_ids: list[int]
+    text: str
+    finish_reason: str | None
+    stop_reason: int | str | None
+    logprobs: list[TokenLogprob] | None
+    num_cached_tokens: int
+
+
+@dataclass
+class EngineStats:
+    """A snapshot for /metrics and logs."""
+
+    num_running: int = 0
+    num_waiting: int = 0
+    kv_cache_usage: float = 0.0  # fraction of the full-attention pool in use
+    num_free_blocks: int = 0
+    num_total_blocks: int = 0
+    prefix_cache_hits: int = 0  # tokens
+    prefix_cache_queries: int = 0  # tokens
+    num_preemptions: int = 0
+    prompt_tokens_total: int = 0
+    generation_tokens_total: int = 0
+
+
+class EngineClient(Protocol):
+    """The narrow interface the HTTP server uses (AsyncEngine implements it)."""
+
+    @property
+    def max_model_len(self) -> int: ...
+
+    @property
+    def is_ready(self) -> bool: ...
+
+    def generate(
+        self, prompt_token_ids: list[int], params: SamplingParams, request_id: str
+    ) -> AsyncIterator[CompletionDelta]:
+        """Validate (raising osserve.errors before anything is queued), enqueue, then yield
+        deltas until one has finished=True. Closing the iterator early aborts the request."""
+        ...
+
+    async def abort(self, request_id: str) -> None: ...
+
+    def stats(self) -> EngineStats: ...
