@@ -1,0 +1,99 @@
+"""`osserve bench latency`: offline batch latency and throughput of the engine itself.
+
+A batch of `batch_size` random prompts of `input_len` tokens, each generating exactly
+`output_len` tokens (greedy, ignore_eos). Every step is timed (the step returns host token ids,
+so it has synchronised). Steps that prefill are prefill time; the rest are decode steps:
+decode tokens/s = batch_size * decode_steps / decode time; time per output token = step time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from dataclasses import asdict, dataclass
+
+import torch
+from rich.console import Console
+from rich.table import Table
+
+from osserve.engine.engine import LLMEngine
+from osserve.engine.load import EngineArgs, build_engine
+from osserve.engine.sampling_params import SamplingParams
+
+
+@dataclass
+class LatencyResult:
+    batch_size: int
+    input_len: int
+    output_len: int
+    prefill_s: float
+    prefill_tok_s: float
+    decode_s: float
+    decode_tok_s: float
+    tpot_median_ms: float
+    tpot_p90_ms: float
+    e2e_s: float
+    peak_gpu_mem_gib: float | None
+
+
+def run_once(engine: LLMEngine, batch: int, input_len: int, output_len: int, seed: int) -> LatencyResult:
+    g = torch.Generator().manual_seed(seed)
+    vocab = min(engine.model_config.vocab_size, 199_998)  # ordinary tokens only
+    params = SamplingParams(temperature=0.0, max_tokens=output_len, ignore_eos=True)
+    for i in range(batch):
+        prompt = torch.randint(0, vocab, (input_len,), generator=g).tolist()
+        engine.add_request(f"bench-{seed}-{i}", prompt, SamplingParams(**{**asdict(params)}))
+    prefill_s, step_times = 0.0, []
+    start = time.perf_counter()
+    while engine.has_unfinished():
+        computed_before = sum(r.num_computed_tokens for r in engine.requests.values())
+        t0 = time.perf_counter()
+        engine.step()
+        dt = time.perf_counter() - t0
+        prefilling = any(r.num_computed_tokens < r.num_prompt_tokens for r in engine.requests.values())
+        if computed_before < batch * input_len or prefilling:
+            prefill_s += dt
+        else:
+            step_times.append(dt)
+    e2e = time.perf_counter() - start
+    decode_s = sum(step_times)
+    quantiles = statistics.quantiles(step_times, n=10) if len(step_times) > 1 else step_times * 9
+    peak = torch.cuda.max_memory_allocated() / 2**30 if torch.cuda.is_available() else None
+    return LatencyResult(
+        batch_size=batch, input_len=input_len, output_len=output_len,
+        prefill_s=prefill_s, prefill_tok_s=batch * input_len / max(prefill_s, 1e-9),
+        decode_s=decode_s, decode_tok_s=batch * len(step_times) / max(decode_s, 1e-9),
+        tpot_median_ms=1000 * statistics.median(step_times) if step_times else 0.0,
+        tpot_p90_ms=1000 * quantiles[8] if step_times else 0.0,
+        e2e_s=e2e, peak_gpu_mem_gib=peak,
+    )
+
+
+def run_bench_latency(args: argparse.Namespace) -> int:
+    engine = build_engine(EngineArgs.from_namespace(args))
+    for w in range(args.warmup):
+        run_once(engine, args.batch_size, args.input_len, min(args.output_len, 16), seed=1000 + w)
+    results = [
+        run_once(engine, args.batch_size, args.input_len, args.output_len, seed=r)
+        for r in range(args.repeats)
+    ]
+    table = Table(title=f"osserve bench latency (batch {args.batch_size}, in {args.input_len}, "
+                        f"out {args.output_len})")
+    for col in ("run", "prefill tok/s", "decode tok/s", "TPOT p50 ms", "TPOT p90 ms", "e2e s", "peak GiB"):
+        table.add_column(col, justify="right")
+    for i, r in enumerate(results):
+        table.add_row(str(i), f"{r.prefill_tok_s:,.0f}", f"{r.decode_tok_s:,.1f}",
+                      f"{r.tpot_median_ms:.2f}", f"{r.tpot_p90_ms:.2f}", f"{r.e2e_s:.2f}",
+                      "-" if r.peak_gpu_mem_gib is None else f"{r.peak_gpu_mem_gib:.1f}")
+    Console().print(table)
+    if args.output_json:
+        with open(args.output_json, "w") as f:
+            json.dump({"args": {k: v for k, v in vars(args).items() if _jsonable(v)},
+                       "results": [asdict(r) for r in results]}, f, indent=2)
+    return 0
+
+
+def _jsonable(v: object) -> bool:
+    return isinstance(v, str | int | float | bool | type(None))

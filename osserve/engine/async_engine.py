@@ -1,0 +1,146 @@
+"""AsyncEngine: the engine for the server. The step loop runs in its own thread, so the event
+loop is never blocked by the model; requests and aborts go in through a lock-protected inbox,
+deltas come back to each request's asyncio.Queue via call_soon_threadsafe."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+from osserve.engine.engine import LLMEngine
+from osserve.engine.outputs import CompletionDelta, EngineStats
+from osserve.engine.sampling_params import SamplingParams
+from osserve.errors import EngineDeadError, OsserveError, OverloadedError
+
+log = logging.getLogger("osserve")
+
+
+@dataclass
+class _Inbox:
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    wake: threading.Event = field(default_factory=threading.Event)
+    aborts: list[str] = field(default_factory=list)
+    adds: list[tuple[str, list[int], SamplingParams]] = field(default_factory=list)
+
+
+class AsyncEngine:
+    """Implements osserve.engine.outputs.EngineClient over an LLMEngine."""
+
+    def __init__(self, engine: LLMEngine, max_waiting: int | None = None) -> None:
+        self.engine = engine
+        self.max_waiting = max_waiting or engine.scheduler_config.max_waiting
+        self._inbox = _Inbox()
+        self._queues: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue[CompletionDelta]]] = {}
+        self._stop = threading.Event()
+        self._dead: str | None = None
+        self._thread = threading.Thread(target=self._loop, name="osserve-engine", daemon=True)
+        self._thread.start()
+
+    @property
+    def max_model_len(self) -> int:
+        return self.engine.max_model_len
+
+    @property
+    def is_ready(self) -> bool:
+        return self._dead is None and self._thread.is_alive()
+
+    @property
+    def tokenizer(self):  # type: ignore[no-untyped-def]
+        return self.engine.tokenizer
+
+    async def generate(
+        self, prompt_token_ids: list[int], params: SamplingParams, request_id: str
+    ) -> AsyncIterator[CompletionDelta]:
+        if self._dead is not None:
+            raise EngineDeadError(f"the engine stopped: {self._dead}")
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue[CompletionDelta] = asyncio.Queue()
+        # Validation reads only configuration, so it runs here and errors reach the caller before
+        # anything is queued; the engine thread does the insertion without blocking this loop.
+        self.engine.validate_request(request_id, prompt_token_ids, params)
+        with self._inbox.lock:
+            if self.engine.stats_num_waiting() + len(self._inbox.adds) >= self.max_waiting:
+                raise OverloadedError("the server is overloaded: too many requests are waiting")
+            self._inbox.adds.append((request_id, prompt_token_ids, params))
+            self._queues[request_id] = (loop, queue)
+        self._inbox.wake.set()
+        finished = False
+        try:
+            while not finished:
+                delta = await queue.get()
+                finished = delta.finished
+                yield delta
+        finally:
+            if not finished:  # the caller went away (client disconnect): free the blocks now
+                await self.abort(request_id)
+
+    async def abort(self, request_id: str) -> None:
+        with self._inbox.lock:
+            self._inbox.aborts.append(request_id)
+        self._inbox.wake.set()
+
+    def stats(self) -> EngineStats:
+        # Read without the lock: counters are ints, a snapshot a step old is fine for metrics.
+        return self.engine.stats()
+
+    def shutdown(self) -> None:
+        self._stop.set()
+        self._inbox.wake.set()
+        self._thread.join(timeout=10)
+
+    # ------------------------------------------------------------------ the engine thread
+    def _deliver(self, deltas: list[CompletionDelta]) -> None:
+        for d in deltas:
+            target = self._queues.get(d.request_id)
+            if target is None:
+                continue
+            loop, queue = target
+            if d.finished:
+                self._queues.pop(d.request_id, None)
+            loop.call_soon_threadsafe(queue.put_nowait, d)
+
+    def _loop(self) -> None:
+        try:
+            while not self._stop.is_set():
+                with self._inbox.lock:
+                    aborts, self._inbox.aborts = self._inbox.aborts, []
+                    adds, self._inbox.adds = self._inbox.adds, []
+                    if not adds and not aborts and not self.engine.has_unfinished():
+                        self._inbox.wake.clear()
+                deltas = []
+                for rid, prompt, params in adds:
+                    try:
+                        self.engine.add_request(rid, prompt, params)
+                    except OsserveError as e:  # validated already; a race on ids at most
+                        deltas.append(self._error_delta(rid, str(e)))
+                deltas += [d for rid in aborts if (d := self.engine.abort(rid)) is not None]
+                busy = self.engine.has_unfinished()
+                if busy:
+                    deltas += self.engine.step()
+                self._deliver(deltas)
+                if not busy:
+                    self._inbox.wake.wait(timeout=0.5)
+        except Exception as e:  # the loop must never die silently: fail every open request
+            log.exception("engine step loop failed")
+            self._dead = repr(e)
+            failed = [self._error_delta(rid, self._dead) for rid in list(self._queues)]
+            self._deliver(failed)
+
+    @staticmethod
+    def _error_delta(request_id: str, message: str) -> CompletionDelta:
+        return CompletionDelta(
+            request_id=request_id, new_token_ids=[], new_text="", new_logprobs=None, finished=True,
+            finish_reason="error", stop_reason=None, num_prompt_tokens=0, num_cached_tokens=0,
+            num_output_tokens=0, error=message,
+        )
+
+
+def build_async_engine(args) -> AsyncEngine:  # type: ignore[no-untyped-def]
+    """For `osserve serve`: the engine from the CLI flags, running in its thread."""
+    from osserve.engine.load import EngineArgs, build_engine
+
+    engine = build_engine(EngineArgs.from_namespace(args))
+    return AsyncEngine(engine, max_waiting=getattr(args, "max_waiting", None))

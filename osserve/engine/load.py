@@ -1,0 +1,131 @@
+"""Assembling an engine from user-facing settings: load the model, size and allocate the KV cache,
+and print the memory plan. The one place that turns flags into components."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+from dataclasses import dataclass, fields
+from pathlib import Path
+
+import torch
+
+from osserve.config import CacheConfig, ModelConfig, SchedulerConfig, preset
+from osserve.engine.engine import EngineParts, LLMEngine
+from osserve.engine.kv_cache import KVCacheManager
+from osserve.engine.kv_tensors import allocate_kv_caches, layer_groups, plan_kv_cache
+from osserve.engine.runner import ModelRunner
+from osserve.errors import ConfigError
+from osserve.model.checkpoint import fill_random_weights, write_checkpoint
+from osserve.model.weights import build_model, load_weights
+from osserve.tokenizer import load_tokenizer
+
+log = logging.getLogger("osserve")
+
+DEFAULT_CPU_KV_GB = 1.0
+
+
+@dataclass
+class EngineArgs:
+    model: str | None = None  # None: the built-in model
+    load_format: str = "auto"  # "dummy": random weights of `preset`'s shapes, made on the device
+    preset: str | None = None
+    device: str | None = None
+    dtype: str = "auto"
+    max_model_len: int | None = None
+    max_num_seqs: int | None = None
+    max_num_batched_tokens: int | None = None
+    gpu_memory_utilization: float = 0.90
+    kv_cache_gb: float | None = None
+    num_blocks: int | None = None  # tests: force a tiny pool
+    block_size: int = 16
+    no_prefix_caching: bool = False
+    enforce_eager: bool = False
+    tensor_parallel_size: int = 1
+    seed: int = 0
+
+    @classmethod
+    def from_namespace(cls, ns: argparse.Namespace) -> EngineArgs:
+        names = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in vars(ns).items() if k in names})
+
+
+def builtin_model_dir() -> Path:
+    """The built-in model: written once into the cache folder (seconds), then reused."""
+    cache = Path(os.environ.get("OSSERVE_CACHE_DIR", Path.home() / ".cache" / "osserve"))
+    target = cache / "models" / "tiny-seed0"
+    if not (target / "config.json").is_file():
+        log.info("writing the built-in tiny checkpoint to %s", target)
+        write_checkpoint(preset("tiny"), target, seed=0, show_progress=False)
+    return target
+
+
+def resolve_device(name: str | None) -> torch.device:
+    if name:
+        return torch.device(name)
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
+    if name == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    return {"bfloat16": torch.bfloat16, "float32": torch.float32}[name]
+
+
+def build_engine(args: EngineArgs) -> LLMEngine:
+    if args.tensor_parallel_size != 1:
+        raise ConfigError("--tensor-parallel-size > 1 is not supported yet")
+    device = resolve_device(args.device)
+    dtype = resolve_dtype(args.dtype, device)
+    if args.load_format == "dummy":
+        if args.preset is None:
+            raise ConfigError("--load-format dummy needs --preset tiny|20b|120b")
+        cfg = preset(args.preset)
+        model = build_model(cfg, device, dtype)
+        fill_random_weights(model, cfg, args.seed)
+    else:
+        model_dir = Path(args.model) if args.model else builtin_model_dir()
+        cfg = ModelConfig.from_pretrained(model_dir)
+        model = build_model(cfg, device, dtype)
+        load_weights(model, model_dir, show_progress=device.type == "cuda")
+    weights_bytes = sum(t.numel() * t.element_size() for t in model.state_dict().values())
+
+    max_model_len = args.max_model_len or min(cfg.max_position_embeddings, 8192 if device.type == "cpu" else 32768)
+    sched = SchedulerConfig(
+        max_num_seqs=args.max_num_seqs or (256 if device.type == "cuda" else 32),
+        max_num_batched_tokens=args.max_num_batched_tokens or max(8192, 2048),
+        max_model_len=max_model_len,
+    )
+    cache = CacheConfig(block_size=args.block_size, num_blocks=args.num_blocks,
+                        kv_cache_gb=args.kv_cache_gb,
+                        gpu_memory_utilization=args.gpu_memory_utilization,
+                        enable_prefix_caching=not args.no_prefix_caching)
+    budget = kv_budget_bytes(cache, device)
+    plan = plan_kv_cache(cfg, cache, sched, budget, dtype)
+    kv_tensors = allocate_kv_caches(cfg, plan, dtype, device)
+    groups = [(g, cfg.sliding_window if g == "sliding" else None) for g in layer_groups(cfg)]
+    kv = KVCacheManager(block_size=plan.block_size, num_blocks=plan.num_blocks, groups=groups,
+                        enable_prefix_caching=cache.enable_prefix_caching)
+    runner = ModelRunner(model, kv_tensors, plan.block_size, device)
+    log.info(
+        "memory plan: weights %.2f GiB, KV cache %.2f GiB (%s blocks of %d tokens), dtype %s, %s",
+        weights_bytes / 2**30, plan.total_bytes / 2**30, plan.num_blocks, plan.block_size,
+        dtype, device,
+    )
+    return LLMEngine(EngineParts(cfg, cache, sched, runner, kv, load_tokenizer()))
+
+
+def kv_budget_bytes(cache: CacheConfig, device: torch.device) -> int:
+    """CPU: --kv-cache-gb; CUDA: the free memory left under --gpu-memory-utilization."""
+    if cache.kv_cache_gb is not None:
+        return int(cache.kv_cache_gb * 2**30)
+    if device.type != "cuda":
+        return int(DEFAULT_CPU_KV_GB * 2**30)
+    free, total = torch.cuda.mem_get_info(device)
+    used = total - free
+    # Keep a workspace for activations of the largest step (and CUDA graphs): 4 GiB is ample at
+    # max_num_batched_tokens 8192 for the 20b/120b shapes (logits 8192x201088 fp32 alone: 6.6 GB
+    # if all rows were sampled; only sampled rows are, at most max_num_seqs).
+    workspace = 4 * 2**30
+    return max(0, int(total * cache.gpu_memory_utilization) - used - workspace)
