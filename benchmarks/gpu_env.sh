@@ -1,0 +1,9 @@
+# Sourced at the start of every command on the lent GPU machine (its image has torch and triton
+# but not the server's packages): installs the carried wheels from .whl/ and points Python at
+# them and at this checkout. Usage: `source benchmarks/gpu_env.sh` with `.whl` carried.
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target /tmp/site .whl/*.whl || return 1
+export PYTHONPATH="$PWD:/tmp/site"
+export PYTHONUNBUFFERED=1
+export OSSERVE_CACHE_DIR=/tmp/osserve-cache
+osserve() { python3 -m osserve.cli "$@"; }
