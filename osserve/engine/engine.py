@@ -111,7 +111,7 @@ class LLMEngine:
             return []
         entries = [
             BatchEntry(
-                token_ids=self.requests[s.request_id].all_token_ids[s.start: s.start + s.num_new_tokens],
+                token_ids=self.requests[s.request_id].token_slice(s.start, s.start + s.num_new_tokens),
                 start_pos=s.start,
                 block_tables=s.block_tables,
                 sample=s.needs_sample,

@@ -1,0 +1,240 @@
+"""KVCacheManager: paged block allocation with prefix caching, in plain Python (no tensors).
+
+gpt-oss has two layer groups. Each has its own pool of blocks and its own block table per
+request; all layers of a group share the group's tables (the model keeps one KV tensor per
+layer, indexed by block id):
+
+- "full": full attention; a request holds a block for every `block_size` tokens it has.
+- "sliding": a query at position p sees keys p-W+1..p (W = sliding_window). Once a request's
+  next query is at position q, blocks wholly before q-W+1 are never read again: they go back to
+  the pool while the request runs and their table entries become -1 (a hole). Tables keep their
+  length, so position p is always in entry p // block_size.
+
+Prefix caching: a full block is named by a chained hash of its tokens (hash(previous block's
+hash, tokens)); blocks are reference counted and, once free, stay findable by hash until the LRU
+order hands them out again. A request admitted with a cached prefix of k blocks needs the full
+group's blocks 0..k-1 and only the sliding group's blocks covering the window before position
+k*block_size. Python's int/tuple hashes are deterministic within a process, which is all a
+process-local cache needs.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import OrderedDict
+from dataclasses import dataclass, field
+
+from osserve.engine.request import Request
+
+HOLE = -1
+
+
+@dataclass
+class KVCacheStats:
+    prefix_cache_hits: int = 0  # tokens found in the cache at admission
+    prefix_cache_queries: int = 0  # prompt tokens looked up
+
+
+@dataclass
+class _Block:
+    block_id: int
+    ref_count: int = 0
+    block_hash: int | None = None
+
+
+class BlockPool:
+    """One group's blocks: ref counts, a free list in LRU order, and the hash index."""
+
+    def __init__(self, num_blocks: int) -> None:
+        self.blocks = [_Block(i) for i in range(num_blocks)]
+        self.free: OrderedDict[int, None] = OrderedDict((i, None) for i in range(num_blocks))
+        self.cached: dict[int, int] = {}  # block hash -> block id
+
+    @property
+    def num_blocks(self) -> int:
+        return len(self.blocks)
+
+    @property
+    def num_free(self) -> int:
+        return len(self.free)
+
+    def allocate(self) -> int:
+        block_id, _ = self.free.popitem(last=False)  # least recently freed first
+        block = self.blocks[block_id]
+        if block.block_hash is not None:  # evict it from the prefix cache
+            if self.cached.get(block.block_hash) == block_id:
+                del self.cached[block.block_hash]
+            block.block_hash = None
+        block.ref_count = 1
+        return block_id
+
+    def claim(self, block_id: int) -> None:
+        """Take a reference on a cached block (a prefix-cache hit)."""
+        block = self.blocks[block_id]
+        if block.ref_count == 0:
+            del self.free[block_id]
+        block.ref_count += 1
+
+    def release(self, block_id: int) -> None:
+        block = self.blocks[block_id]
+        block.ref_count -= 1
+        if block.ref_count == 0:
+            self.free[block_id] = None  # most recently used: evicted last
+
+    def register(self, block_id: int, block_hash: int) -> None:
+        if block_hash not in self.cached:
+            self.blocks[block_id].block_hash = block_hash
+            self.cached[block_hash] = block_id
+
+
+@dataclass
+class _RequestBlocks:
+    tables: dict[str, list[int]]
+    hashes: list[int] = field(default_factory=list)  # chained hashes of its full blocks
+    registered: int = 0  # blocks already offered to the prefix cache
+
+
+class KVCacheManager:
+    def __init__(
+        self, block_size: int, num_blocks: int | dict[str, int],
+        groups: list[tuple[str, int | None]], enable_prefix_caching: bool = True,
+    ) -> None:
+        self.block_size = block_size
+        self.windows = dict(groups)
+        counts = num_blocks if isinstance(num_blocks, dict) else {g: num_blocks for g, _ in groups}
+        self.pools = {g: BlockPool(counts[g]) for g, _ in groups}
+        self.enable_prefix_caching = enable_prefix_caching
+        self.stats = KVCacheStats()
+        self.requests: dict[str, _RequestBlocks] = {}
+
+    @property
+    def groups(self) -> list[str]:
+        return list(self.pools)
+
+    def num_blocks(self, group: str) -> int:
+        return self.pools[group].num_blocks
+
+    def num_free_blocks(self, group: str) -> int:
+        return self.pools[group].num_free
+
+    def usage(self) -> float:
+        """Fraction of the largest-need pool in use (full attention when there is one)."""
+        pool = self.pools.get("full") or next(iter(self.pools.values()))
+        return 1.0 - pool.num_free / pool.num_blocks
+
+    def block_tables(self, request_id: str) -> dict[str, list[int]]:
+        return self.requests[request_id].tables
+
+    def num_blocks_held(self, request_id: str, group: str) -> int:
+        return sum(1 for b in self.requests[request_id].tables[group] if b != HOLE)
+
+    # ------------------------------------------------------------------ sizing
+    def blocks_needed(self, group: str, num_tokens: int, chunk: int) -> int:
+        """Most blocks a request of num_tokens holds at once in `group` with steps of <= chunk."""
+        window = self.windows[group]
+        span = num_tokens if window is None else min(num_tokens, window - 1 + chunk)
+        return math.ceil(span / self.block_size) + (0 if window is None else 1)
+
+    def fits_at_all(self, num_tokens: int, chunk: int) -> bool:
+        return all(self.blocks_needed(g, num_tokens, chunk) <= p.num_blocks for g, p in self.pools.items())
+
+    # ------------------------------------------------------------------ prefix cache
+    def _hashes(self, req: Request, rb: _RequestBlocks, num_full_blocks: int) -> list[int]:
+        bs = self.block_size
+        while len(rb.hashes) < num_full_blocks:
+            i = len(rb.hashes)
+            parent = rb.hashes[-1] if rb.hashes else None
+            rb.hashes.append(hash((parent, tuple(req.token_slice(i * bs, (i + 1) * bs)))))
+        return rb.hashes[:num_full_blocks]
+
+    def _window_blocks(self, group: str, k: int) -> range:
+        """Block indices a request resuming at position k*block_size needs from `group`."""
+        window = self.windows[group]
+        first = 0 if window is None else max(0, k * self.block_size - window + 1) // self.block_size
+        return range(first, k)
+
+    def claim_cached_prefix(self, req: Request) -> int:
+        """At admission: take the longest cached prefix; returns its length in tokens (a multiple
+        of block_size, leaving at least one token to compute so the last one yields logits)."""
+        rb = self.requests.setdefault(req.request_id, _RequestBlocks({g: [] for g in self.pools}))
+        if not self.enable_prefix_caching:
+            return 0
+        max_blocks = (req.num_tokens - 1) // self.block_size
+        hashes = self._hashes(req, rb, max_blocks)
+        k = 0  # full-attention groups need the whole prefix: the longest run of cached blocks
+        while k < max_blocks and all(
+            hashes[k] in pool.cached for g, pool in self.pools.items() if self.windows[g] is None
+        ):
+            k += 1
+        # Sliding groups need only the blocks of the window before position k * block_size.
+        while k > 0 and not all(
+            all(hashes[i] in pool.cached for i in self._window_blocks(g, k))
+            for g, pool in self.pools.items() if self.windows[g] is not None
+        ):
+            k -= 1
+        self.stats.prefix_cache_queries += req.num_tokens
+        self.stats.prefix_cache_hits += k * self.block_size
+        for g, pool in self.pools.items():
+            needed = self._window_blocks(g, k)
+            table = [HOLE] * k
+            for i in needed:
+                table[i] = pool.cached[hashes[i]]
+                pool.claim(table[i])
+            rb.tables[g] = table
+        rb.registered = k
+        return k * self.block_size
+
+    def cache_computed_blocks(self, req: Request) -> None:
+        """Offer the request's fully computed blocks to the prefix cache."""
+        if not self.enable_prefix_caching:
+            return
+        rb = self.requests[req.request_id]
+        full = req.num_computed_tokens // self.block_size
+        if full <= rb.registered:
+            return
+        hashes = self._hashes(req, rb, full)
+        for g, pool in self.pools.items():
+            table = rb.tables[g]
+            for i in range(rb.registered, full):
+                if table[i] != HOLE:
+                    pool.register(table[i], hashes[i])
+        rb.registered = full
+
+    # ------------------------------------------------------------------ allocation
+    def allocate_slots(self, req: Request, num_new_tokens: int) -> bool:
+        """Give positions up to num_computed + num_new - 1 a slot in every group, freeing sliding
+        blocks that the step's first query can no longer see. All or nothing."""
+        rb = self.requests.setdefault(req.request_id, _RequestBlocks({g: [] for g in self.pools}))
+        bs = self.block_size
+        end_blocks = math.ceil((req.num_computed_tokens + num_new_tokens) / bs)
+        for g, window in self.windows.items():
+            if window is not None:
+                first_needed = max(0, req.num_computed_tokens - window + 1) // bs
+                table = rb.tables[g]
+                for i in range(min(first_needed, len(table))):
+                    if table[i] != HOLE:
+                        self.pools[g].release(table[i])
+                        table[i] = HOLE
+        need = {g: max(0, end_blocks - len(rb.tables[g])) for g in self.pools}
+        if any(need[g] > self.pools[g].num_free for g in self.pools):
+            return False
+        for g, n in need.items():
+            rb.tables[g].extend(self.pools[g].allocate() for _ in range(n))
+        return True
+
+    def free(self, request_id: str) -> None:
+        """Release every block the request holds (tail first, so prefixes stay cached longer)."""
+        rb = self.requests.pop(request_id, None)
+        if rb is None:
+            return
+        for g, table in rb.tables.items():
+            for block_id in reversed(table):
+                if block_id != HOLE:
+                    self.pools[g].release(block_id)
+
+
+def sliding_window_savings(block_size: int, window: int, context: int, chunk: int = 1) -> tuple[int, int]:
+    """(blocks a sliding layer holds, blocks a full layer holds) for one request at `context`."""
+    full = math.ceil(context / block_size)
+    first_needed = max(0, context - chunk - window + 1) // block_size
+    return full - first_needed, full

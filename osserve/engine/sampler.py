@@ -1,0 +1,171 @@
+"""Sampler: batched token choice on the device.
+
+Per step the engine builds one SamplingBatch (per-row settings as tensors), then:
+penalties → (greedy rows: argmax) → temperature → top-k → top-p → min-p → exponential race.
+The race (argmax of p / Exp(1) noise) samples from p; a seeded request draws its noise from its
+own generator, so its tokens do not depend on which other requests share the batch.
+Logprobs are those of the raw model distribution (vLLM's default), before penalties/temperature.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from osserve.engine.sampling_params import SamplingParams
+
+
+@dataclass
+class SamplingBatch:
+    temperature: torch.Tensor  # [B] float32; 0 marks greedy rows
+    top_k: torch.Tensor  # [B] int64; vocab size where disabled
+    top_p: torch.Tensor  # [B] float32
+    min_p: torch.Tensor  # [B] float32
+    repetition: torch.Tensor  # [B]
+    frequency: torch.Tensor  # [B]
+    presence: torch.Tensor  # [B]
+    output_counts: torch.Tensor | None  # [B, V] counts of each generated token (penalties only)
+    seen: torch.Tensor | None  # [B, V] bool: token in prompt or output (repetition penalty)
+    mask_stop: list[list[int]]  # per row: stop ids banned until min_tokens are out
+    forced: list[int | None]  # per row: the scripted token to emit, if any
+    generators: list[torch.Generator | None]
+    num_logprobs: int | None  # most top logprobs any row asked for
+    all_greedy: bool
+    any_top_k: bool
+    any_top_p: bool
+    any_min_p: bool
+
+    @classmethod
+    def build(
+        cls,
+        params: list[SamplingParams],
+        prompt_ids: list[list[int]],
+        output_ids: list[list[int]],
+        generators: list[torch.Generator | None],
+        device: torch.device,
+        vocab_size: int = 201088,
+    ) -> SamplingBatch:
+        def t(vals: list, dtype: torch.dtype) -> torch.Tensor:  # type: ignore[type-arg]
+            return torch.tensor(vals, dtype=dtype).to(device, non_blocking=True)
+
+        need_penalty = any(
+            p.repetition_penalty != 1.0 or p.frequency_penalty != 0.0 or p.presence_penalty != 0.0
+            for p in params
+        )
+        counts = seen = None
+        if need_penalty:
+            b = len(params)
+            counts = torch.zeros(b, vocab_size, dtype=torch.float32, device=device)
+            seen = torch.zeros(b, vocab_size, dtype=torch.bool, device=device)
+            for i, (pr, out) in enumerate(zip(prompt_ids, output_ids, strict=True)):
+                if out:
+                    o = torch.tensor(out, device=device)
+                    counts[i].index_add_(0, o, torch.ones(len(out), device=device))
+                seen[i, torch.tensor(pr + out, dtype=torch.long, device=device)] = True
+        forced = []
+        for p, out in zip(params, output_ids, strict=True):
+            f = p.forced_token_ids
+            forced.append(f[len(out)] if f is not None and len(out) < len(f) else None)
+        wanted = [p.logprobs for p in params if p.logprobs is not None]
+        return cls(
+            temperature=t([p.temperature for p in params], torch.float32),
+            top_k=t([p.top_k if p.top_k > 0 else vocab_size for p in params], torch.int64),
+            top_p=t([p.top_p for p in params], torch.float32),
+            min_p=t([p.min_p for p in params], torch.float32),
+            repetition=t([p.repetition_penalty for p in params], torch.float32),
+            frequency=t([p.frequency_penalty for p in params], torch.float32),
+            presence=t([p.presence_penalty for p in params], torch.float32),
+            output_counts=counts,
+            seen=seen,
+            mask_stop=[
+                list(p.stop_token_ids) if len(out) < p.min_tokens else []
+                for p, out in zip(params, output_ids, strict=True)
+            ],
+            forced=forced,
+            generators=generators,
+            num_logprobs=max(wanted) if wanted else None,
+            all_greedy=all(p.temperature == 0.0 for p in params),
+            any_top_k=any(0 < p.top_k < vocab_size for p in params),
+            any_top_p=any(p.top_p < 1.0 for p in params),
+            any_min_p=any(p.min_p > 0.0 for p in params),
+        )
+
+
+@dataclass
+class SamplerOutput:
+    token_ids: torch.Tensor  # [B] int64
+    logprobs: torch.Tensor | None  # [B] logprob of the chosen token
+    top_token_ids: torch.Tensor | None  # [B, K]
+    top_logprobs: torch.Tensor | None  # [B, K]
+
+
+def apply_penalties(logits: torch.Tensor, b: SamplingBatch) -> torch.Tensor:
+    """Repetition (vLLM: positive logits divided, negative multiplied, for seen tokens), then
+    frequency and presence (OpenAI: subtract count*f + [count>0]*p over generated tokens)."""
+    if b.seen is None or b.output_counts is None:
+        return logits
+    rep = b.repetition[:, None]
+    penalised = torch.where(logits > 0, logits / rep, logits * rep)
+    logits = torch.where(b.seen, penalised, logits)
+    logits = logits - b.frequency[:, None] * b.output_counts
+    return logits - b.presence[:, None] * (b.output_counts > 0).float()
+
+
+def apply_top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor | None, top_p: torch.Tensor | None) -> torch.Tensor:
+    """Mask (to -inf) all but each row's top_k tokens and its smallest nucleus of mass top_p."""
+    sorted_logits, order = logits.sort(dim=-1, descending=True)
+    mask = torch.zeros_like(sorted_logits, dtype=torch.bool)
+    if top_k is not None:
+        ranks = torch.arange(logits.shape[-1], device=logits.device)[None, :]
+        mask |= ranks >= top_k[:, None]
+    if top_p is not None:
+        probs = sorted_logits.masked_fill(mask, float("-inf")).softmax(-1)
+        mass_before = probs.cumsum(-1) - probs  # mass of strictly better tokens
+        mask |= mass_before >= top_p[:, None]
+        mask[:, 0] = False  # always keep the best token
+    return logits.scatter(-1, order, sorted_logits.masked_fill(mask, float("-inf")))
+
+
+def apply_min_p(logits: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
+    probs = logits.softmax(-1)
+    threshold = min_p[:, None] * probs.amax(-1, keepdim=True)
+    return logits.masked_fill(probs < threshold, float("-inf"))
+
+
+class Sampler:
+    def sample(self, logits: torch.Tensor, b: SamplingBatch) -> SamplerOutput:
+        logits = logits.float()
+        raw = logits
+        for row, ids in enumerate(b.mask_stop):
+            if ids:
+                logits = logits.clone() if logits is raw else logits
+                logits[row, ids] = float("-inf")
+        logits = apply_penalties(logits, b)
+        if b.all_greedy:
+            chosen = logits.argmax(-1)
+        else:
+            greedy = logits.argmax(-1)
+            temp = torch.where(b.temperature > 0, b.temperature, torch.ones_like(b.temperature))
+            scaled = logits / temp[:, None]
+            if b.any_top_k or b.any_top_p:
+                scaled = apply_top_k_top_p(
+                    scaled, b.top_k if b.any_top_k else None, b.top_p if b.any_top_p else None
+                )
+            if b.any_min_p:
+                scaled = apply_min_p(scaled, b.min_p)
+            probs = scaled.softmax(-1)
+            noise = torch.empty_like(probs).exponential_()
+            for row, g in enumerate(b.generators):
+                if g is not None:  # the request's own stream: independent of the batch
+                    noise[row] = torch.empty_like(probs[row]).exponential_(generator=g)
+            sampled = (probs / noise).argmax(-1)
+            chosen = torch.where(b.temperature > 0, sampled, greedy)
+        if any(f is not None for f in b.forced):
+            forced = torch.tensor([-1 if f is None else f for f in b.forced], device=chosen.device)
+            chosen = torch.where(forced >= 0, forced, chosen)
+        if b.num_logprobs is None:
+            return SamplerOutput(chosen, None, None, None)
+        logp = raw.log_softmax(-1)
+        top_lp, top_ids = logp.topk(max(b.num_logprobs, 1), dim=-1)
+        return SamplerOutput(chosen, logp.gather(-1, chosen[:, None])[:, 0], top_ids, top_lp)

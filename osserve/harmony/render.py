@@ -1,0 +1,172 @@
+"""Chat inputs → harmony prompt tokens, through openai-harmony's renderer.
+
+The server maps its pydantic requests onto these plain dataclasses. Rules (DESIGN.md §4):
+system + developer messages become harmony's developer instructions (the harmony system message
+carries the reasoning effort and the channel rules); function tools are declared in the
+developer message; an assistant turn's reasoning goes to `analysis`, its content to `final`, its
+tool calls to `commentary` with recipient `functions.NAME`; tool results come back from
+`functions.NAME` to the assistant. Earlier analysis is dropped once a final answer follows it,
+but kept since the last final when the last assistant action was a tool call (harmony's
+auto_drop_analysis does exactly this).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from openai_harmony import (
+    Author,
+    Conversation,
+    DeveloperContent,
+    Message,
+    ReasoningEffort,
+    Role,
+    SystemContent,
+    ToolDescription,
+)
+
+from osserve.errors import InvalidRequestError
+from osserve.tokenizer import load_tokenizer
+
+Effort = Literal["low", "medium", "high"]
+
+
+@dataclass
+class ToolCall:
+    id: str
+    name: str
+    arguments: str  # JSON text, as the model wrote it
+
+
+@dataclass
+class ChatMessage:
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | None = None
+    reasoning: str | None = None
+    tool_calls: list[ToolCall] = field(default_factory=list)
+    tool_call_id: str | None = None
+    name: str | None = None  # a tool message's function name, when the client gives it
+
+
+@dataclass
+class FunctionTool:
+    name: str
+    description: str = ""
+    parameters: dict[str, Any] | None = None
+
+
+ToolChoice = Literal["auto", "none", "required"] | dict[str, str]
+
+
+@dataclass
+class RenderedPrompt:
+    token_ids: list[int]  # the prompt, ending with what the model must continue from
+    prefill_token_ids: list[int]  # tokens after `<|start|>assistant` that we wrote for the model
+
+
+def _system_message(effort: Effort, has_tools: bool) -> Message:
+    content = SystemContent.new().with_reasoning_effort(ReasoningEffort(effort.capitalize()))
+    return Message.from_role_and_content(Role.SYSTEM, content)
+
+
+def _developer_message(instructions: list[str], tools: list[FunctionTool]) -> Message | None:
+    if not instructions and not tools:
+        return None
+    content = DeveloperContent.new()
+    if instructions:
+        content = content.with_instructions("\n\n".join(instructions))
+    if tools:
+        content = content.with_function_tools(
+            [ToolDescription.new(t.name, t.description, parameters=t.parameters) for t in tools]
+        )
+    return Message.from_role_and_content(Role.DEVELOPER, content)
+
+
+def _assistant_messages(m: ChatMessage) -> list[Message]:
+    out: list[Message] = []
+    if m.reasoning:
+        out.append(Message.from_role_and_content(Role.ASSISTANT, m.reasoning).with_channel("analysis"))
+    if m.content:
+        channel = "commentary" if m.tool_calls else "final"  # text beside calls is a preamble
+        out.append(Message.from_role_and_content(Role.ASSISTANT, m.content).with_channel(channel))
+    for call in m.tool_calls:
+        out.append(
+            Message.from_role_and_content(Role.ASSISTANT, call.arguments)
+            .with_channel("commentary")
+            .with_recipient(f"functions.{call.name}")
+            .with_content_type("<|constrain|>json")
+        )
+    return out
+
+
+def render_chat(
+    messages: list[ChatMessage],
+    *,
+    tools: list[FunctionTool] | None = None,
+    tool_choice: ToolChoice = "auto",
+    reasoning_effort: Effort = "medium",
+) -> RenderedPrompt:
+    """The prompt tokens for the assistant's next turn."""
+    tools = list(tools or [])
+    if tool_choice == "none":
+        tools = []  # as vLLM does: the model is not told of tools it may not call
+    names = {t.name for t in tools}
+    forced: str | None = None
+    if isinstance(tool_choice, dict):
+        forced = tool_choice.get("name")
+        if forced not in names:
+            raise InvalidRequestError(f"tool_choice names '{forced}', which is not in tools", "tool_choice")
+    elif tool_choice == "required":
+        if not tools:
+            raise InvalidRequestError("tool_choice 'required' needs at least one tool", "tool_choice")
+        if len(tools) == 1:
+            forced = tools[0].name
+    instructions = [m.content for m in messages if m.role in ("system", "developer") and m.content]
+    convo: list[Message] = [_system_message(reasoning_effort, bool(tools))]
+    dev = _developer_message(instructions, tools)
+    if dev is not None:
+        convo.append(dev)
+    call_names: dict[str, str] = {}
+    for m in messages:
+        if m.role in ("system", "developer"):
+            continue
+        if m.role == "user":
+            convo.append(Message.from_role_and_content(Role.USER, m.content or ""))
+        elif m.role == "assistant":
+            call_names.update({c.id: c.name for c in m.tool_calls})
+            convo.extend(_assistant_messages(m))
+        elif m.role == "tool":
+            name = call_names.get(m.tool_call_id or "") or m.name
+            if name is None:
+                raise InvalidRequestError(
+                    f"tool message refers to tool_call_id {m.tool_call_id!r}, which no earlier "
+                    "assistant message made", "messages",
+                )
+            convo.append(
+                Message.from_author_and_content(Author.new(Role.TOOL, f"functions.{name}"), m.content or "")
+                .with_channel("commentary")
+                .with_recipient("assistant")
+            )
+        else:
+            raise InvalidRequestError(f"unknown message role {m.role!r}", "messages")
+    enc = load_tokenizer().encoding
+    ids: list[int] = enc.render_conversation_for_completion(  # type: ignore[attr-defined]
+        Conversation.from_messages(convo), Role.ASSISTANT
+    )
+    prefill: list[int] = []
+    if forced is not None:
+        prefill = _encode_special(f" to=functions.{forced}<|channel|>commentary")
+    elif tool_choice == "required":
+        # Several tools: the recipient header is begun, so the model must name one of them.
+        prefill = _encode_special("<|channel|>commentary to=functions.")
+    return RenderedPrompt(token_ids=ids + prefill, prefill_token_ids=prefill)
+
+
+def _encode_special(text: str) -> list[int]:
+    return load_tokenizer().encoding.encode(text, allowed_special="all")  # type: ignore[attr-defined]
+
+
+def tool_arguments_json(arguments: str | dict[str, Any]) -> str:
+    return arguments if isinstance(arguments, str) else json.dumps(arguments)
