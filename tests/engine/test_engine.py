@@ -1,0 +1,172 @@
+"""The engine end to end on the tiny checkpoint (CPU): batching never changes greedy outputs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from osserve.engine.engine import LLMEngine
+from osserve.engine.load import EngineArgs, build_engine
+from osserve.engine.sampling_params import SamplingParams
+from osserve.errors import ContextLengthError, InvalidRequestError
+
+MAX_TOKENS = 12
+
+
+def make_engine(ckpt: Path, **kw) -> LLMEngine:  # type: ignore[no-untyped-def]
+    return build_engine(EngineArgs(model=str(ckpt), device="cpu", max_model_len=2048, **kw))
+
+
+def prompts(n: int = 16, seed: int = 0) -> list[list[int]]:
+    g = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(1, 200, (n,), generator=g).tolist()
+    return [torch.randint(0, 199_000, (n_,), generator=g).tolist() for n_ in lengths]
+
+
+def run(engine: LLMEngine, ps: list[list[int]], params: SamplingParams, stagger: int = 0) -> dict[str, list[int]]:
+    """Submit (one new request every `stagger` steps, or all at once) and collect token ids."""
+    out: dict[str, list[int]] = {}
+    pending = [(f"r{i}", p) for i, p in enumerate(ps)]
+    steps = 0
+    while pending or engine.has_unfinished():
+        if pending and (stagger == 0 or steps % stagger == 0):
+            batch = pending if stagger == 0 else pending[:1]
+            for rid, p in batch:
+                engine.add_request(rid, p, SamplingParams(**vars(params)))
+            pending = pending[len(batch):]
+        for d in engine.step():
+            out.setdefault(d.request_id, []).extend(d.new_token_ids)
+        steps += 1
+    return out
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_checkpoint: Path) -> LLMEngine:
+    return make_engine(tiny_checkpoint)
+
+
+@pytest.fixture(scope="module")
+def alone(engine: LLMEngine) -> dict[str, list[int]]:
+    params = SamplingParams(temperature=0, max_tokens=MAX_TOKENS, ignore_eos=True)
+    return {f"r{i}": run(engine, [p], params)["r0"] for i, p in enumerate(prompts())}
+
+
+GREEDY = SamplingParams(temperature=0, max_tokens=MAX_TOKENS, ignore_eos=True)
+
+
+def test_batched_equals_alone(engine: LLMEngine, alone: dict[str, list[int]]) -> None:
+    assert run(engine, prompts(), GREEDY) == alone
+    assert all(len(v) == MAX_TOKENS for v in alone.values())
+
+
+def test_staggered_equals_alone(engine: LLMEngine, alone: dict[str, list[int]]) -> None:
+    assert run(engine, prompts(), GREEDY, stagger=3) == alone
+
+
+def test_tiny_chunks_equal_alone(tiny_checkpoint: Path, alone: dict[str, list[int]]) -> None:
+    eng = make_engine(tiny_checkpoint, max_num_batched_tokens=7, no_prefix_caching=True)
+    assert run(eng, prompts(), GREEDY) == alone
+
+
+def test_preemption_keeps_outputs(tiny_checkpoint: Path, alone: dict[str, list[int]]) -> None:
+    eng = make_engine(tiny_checkpoint, num_blocks=40, no_prefix_caching=True)
+    assert run(eng, prompts(), GREEDY) == alone
+    assert eng.scheduler.num_preemptions > 0
+    assert all(eng.kv.num_free_blocks(g) == eng.kv.num_blocks(g) for g in eng.kv.groups)
+
+
+def test_prefix_cache_prefills_only_new_tokens(tiny_checkpoint: Path) -> None:
+    eng = make_engine(tiny_checkpoint)
+    shared = prompts(1, seed=5)[0] + prompts(1, seed=6)[0] + prompts(1, seed=7)[0]
+    shared = (shared * 3)[:300]
+    first, second = shared + [11, 12, 13], shared + [21, 22, 23, 24]
+    run(eng, [first], GREEDY)
+    before = eng.prompt_tokens_total
+    eng.add_request("second", second, SamplingParams(**vars(GREEDY)))
+    out: list[int] = []
+    cached = None
+    while eng.has_unfinished():
+        for d in eng.step():
+            out.extend(d.new_token_ids)
+            cached = d.num_cached_tokens
+    assert cached == 288  # 18 full blocks of 16 of the shared 300 tokens
+    assert eng.prompt_tokens_total - before == len(second) - 288
+    ref = make_engine(tiny_checkpoint, no_prefix_caching=True)
+    assert out == run(ref, [second], GREEDY)["r0"]
+
+
+def test_seeded_sampling_reproducible_alone_and_in_batch(engine: LLMEngine) -> None:
+    p = prompts(3, seed=9)
+    seeded = SamplingParams(temperature=1.0, top_p=0.9, seed=1234, max_tokens=MAX_TOKENS, ignore_eos=True)
+    a = run(engine, [p[0]], seeded)["r0"]
+    engine.add_request("x", p[1], SamplingParams(temperature=1.0, max_tokens=MAX_TOKENS))
+    b = run(engine, [p[2], p[0]], seeded)["r1"]
+    c = run(engine, [p[0]], SamplingParams(**{**vars(seeded), "seed": 99}))["r0"]
+    assert a == b and a != c
+
+
+def test_stop_string_spanning_two_tokens(engine: LLMEngine) -> None:
+    params = SamplingParams(temperature=0, max_tokens=MAX_TOKENS, ignore_eos=True)
+    engine.add_request("s0", prompts(1, seed=3)[0], SamplingParams(**vars(params)))
+    deltas = []
+    while engine.has_unfinished():
+        deltas += engine.step()
+    ids = [t for d in deltas for t in d.new_token_ids]
+    tok = engine.tokenizer
+    # A stop string made of the end of token 3 and the start of token 4 of the free run.
+    a, b = tok.decode([ids[3]]), tok.decode([ids[4]])
+    stop = a[-2:] + b[:2]
+    expected_text = tok.decode(ids[:5])
+    expected_text = expected_text[: expected_text.find(stop)]
+    engine.add_request("s1", prompts(1, seed=3)[0], SamplingParams(**{**vars(params), "stop": [stop]}))
+    deltas = []
+    while engine.has_unfinished():
+        deltas += engine.step()
+    assert "".join(d.new_text for d in deltas) == expected_text
+    assert deltas[-1].finish_reason == "stop" and deltas[-1].stop_reason == stop
+    assert all(engine.kv.num_free_blocks(g) == engine.kv.num_blocks(g) for g in engine.kv.groups)
+
+
+def test_abort_frees_every_block(tiny_checkpoint: Path) -> None:
+    eng = make_engine(tiny_checkpoint, no_prefix_caching=True)
+    for i, p in enumerate(prompts(4)):
+        eng.add_request(f"a{i}", p, SamplingParams(temperature=0, max_tokens=50))
+    for _ in range(3):
+        eng.step()
+    assert any(eng.kv.num_free_blocks(g) < eng.kv.num_blocks(g) for g in eng.kv.groups)
+    for i in range(4):
+        d = eng.abort(f"a{i}")
+        assert d is not None and d.finish_reason == "abort"
+    assert not eng.has_unfinished()
+    assert all(eng.kv.num_free_blocks(g) == eng.kv.num_blocks(g) for g in eng.kv.groups)
+
+
+@pytest.mark.parametrize(
+    ("prompt", "params", "error", "field"),
+    [
+        ([], SamplingParams(), InvalidRequestError, "prompt"),
+        ([1] * 2000, SamplingParams(max_tokens=100), ContextLengthError, "max_tokens"),
+        ([1] * 3000, SamplingParams(max_tokens=1), ContextLengthError, "prompt"),
+        ([1], SamplingParams(temperature=-1), InvalidRequestError, "temperature"),
+        ([1], SamplingParams(top_p=0), InvalidRequestError, "top_p"),
+        ([1], SamplingParams(top_p=1.5), InvalidRequestError, "top_p"),
+        ([1], SamplingParams(top_k=-2), InvalidRequestError, "top_k"),
+        ([1], SamplingParams(n=0), InvalidRequestError, "n"),
+        ([1], SamplingParams(max_tokens=10**9), ContextLengthError, "max_tokens"),
+        ([1, 10**7], SamplingParams(), InvalidRequestError, "prompt"),
+        ([1, -5], SamplingParams(), InvalidRequestError, "prompt"),
+    ],
+)
+def test_bad_input_is_rejected_before_scheduling(engine: LLMEngine, prompt, params, error, field) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises(error) as info:
+        engine.add_request("bad", prompt, params)
+    assert info.value.param == field
+    assert not engine.has_unfinished() and engine.scheduler.num_waiting() == 0
+
+
+def test_request_larger_than_the_pool_is_rejected_up_front(tiny_checkpoint: Path) -> None:
+    eng = make_engine(tiny_checkpoint, num_blocks=10)  # 160 tokens per group
+    with pytest.raises(ContextLengthError, match="never fit"):
+        eng.add_request("big", [1] * 150, SamplingParams(max_tokens=50))

@@ -1,0 +1,103 @@
+"""KVCacheManager without any model: counts of blocks held, freed, cached and evicted."""
+
+from __future__ import annotations
+
+from osserve.engine.kv_cache import HOLE, KVCacheManager, sliding_window_savings
+from osserve.engine.request import Request
+from osserve.engine.sampling_params import SamplingParams
+
+BS = 16
+GROUPS = [("sliding", 128), ("full", None)]
+
+
+def req(rid: str, tokens: list[int]) -> Request:
+    return Request(rid, tokens, SamplingParams(), 0.0)
+
+
+def compute(kv: KVCacheManager, r: Request, chunk: int) -> None:
+    """Drive a request through its prompt in chunks, as the scheduler would."""
+    while r.num_computed_tokens < r.num_tokens:
+        n = min(chunk, r.num_tokens - r.num_computed_tokens)
+        assert kv.allocate_slots(r, n)
+        r.num_computed_tokens += n
+        kv.cache_computed_blocks(r)
+
+
+def test_sliding_group_frees_blocks_outside_the_window() -> None:
+    kv = KVCacheManager(BS, 1000, GROUPS)
+    r = req("a", list(range(2000)))
+    compute(kv, r, 256)
+    full = kv.num_blocks_held("a", "full")
+    sliding = kv.num_blocks_held("a", "sliding")
+    assert full == 125  # ceil(2000 / 16)
+    # The last chunk [1792, 2000) needed keys from 1792 - 127 = 1665 on: blocks 104..124.
+    assert sliding == 125 - 1665 // BS == 21
+    table = kv.block_tables("a")["sliding"]
+    assert len(table) == 125 and table[:104] == [HOLE] * 104 and HOLE not in table[104:]
+    kv.free("a")
+    assert kv.num_free_blocks("full") == kv.num_free_blocks("sliding") == 1000
+
+
+def test_decode_keeps_only_the_window() -> None:
+    kv = KVCacheManager(BS, 1000, GROUPS)
+    r = req("a", list(range(1000)))
+    compute(kv, r, 1)
+    assert kv.num_blocks_held("a", "sliding") <= 128 // BS + 1
+    assert kv.num_blocks_held("a", "full") == 63
+
+
+def test_savings_at_8k_and_32k() -> None:
+    for ctx in (8192, 32768):
+        sliding, full = sliding_window_savings(BS, 128, ctx)
+        assert full == ctx // BS and sliding <= 9
+
+
+def test_allocation_is_all_or_nothing() -> None:
+    kv = KVCacheManager(BS, {"sliding": 100, "full": 4}, GROUPS)
+    r = req("a", list(range(100)))
+    assert not kv.allocate_slots(r, 100)  # 7 full blocks needed, 4 exist
+    assert kv.num_free_blocks("sliding") == 100 and kv.num_free_blocks("full") == 4
+    assert kv.allocate_slots(r, 64)
+    assert kv.num_free_blocks("full") == 0
+
+
+def test_prefix_cache_hit_ref_counts_and_lru() -> None:
+    kv = KVCacheManager(BS, 64, GROUPS)
+    prefix = list(range(300))
+    a = req("a", prefix + [1, 2])
+    compute(kv, a, 64)
+    b = req("b", prefix + [7, 8, 9])
+    hit = kv.claim_cached_prefix(b)
+    assert hit == 288 and kv.stats.prefix_cache_hits == 288
+    assert kv.stats.prefix_cache_queries == b.num_tokens
+    shared = kv.block_tables("b")["full"][:18]
+    assert shared == kv.block_tables("a")["full"][:18]
+    assert all(kv.pools["full"].blocks[i].ref_count == 2 for i in shared)
+    # The sliding group shares only the window before position 288: blocks 10..17.
+    assert kv.block_tables("b")["sliding"][:10] == [HOLE] * 10
+    kv.free("a")
+    kv.free("b")
+    assert kv.num_free_blocks("full") == 64
+    # Freed blocks stay cached until reused: a third request still hits.
+    c = req("c", prefix + [5])
+    assert kv.claim_cached_prefix(c) == 288
+    kv.free("c")
+    # Filling the pool with other data evicts the least recently freed blocks first.
+    d = req("d", list(range(1000, 1000 + 64 * BS)))
+    assert kv.allocate_slots(d, 64 * BS)
+    kv.free("d")
+    e = req("e", prefix + [5])
+    assert kv.claim_cached_prefix(e) == 0
+
+
+def test_whole_prompt_is_never_a_hit() -> None:
+    kv = KVCacheManager(BS, 64, GROUPS)
+    a = req("a", list(range(64)))
+    compute(kv, a, 64)
+    b = req("b", list(range(64)))
+    assert kv.claim_cached_prefix(b) == 48  # the last token must be computed for its logits
+
+
+def test_fits_at_all() -> None:
+    kv = KVCacheManager(BS, {"sliding": 20, "full": 10}, GROUPS)
+    assert kv.fits_at_all(160, chunk=16) and not kv.fits_at_all(161, chunk=16)
