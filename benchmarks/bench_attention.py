@@ -101,9 +101,10 @@ def main() -> None:
 
     # Small tile sweep (same inputs), to see whether the defaults are near the best.
     print("\nsweep (ms, median):")
-    for bm, bn in ((64, 32), (64, 64), (128, 32), (128, 64), (128, 128)):
-        ms = time_case([(2048, 2048)] * 8, None, False, block_m=bm, block_n=bn)
-        print(f"  prefill full 8x2048 block_m={bm} block_n={bn}: {ms:.3f}")
+    for bm, bn, st in ((64, 32, 2), (64, 64, 3), (128, 32, 2), (128, 32, 3), (128, 64, 2),
+                       (128, 64, 3), (128, 128, 2)):
+        ms = time_case([(2048, 2048)] * 8, None, False, block_m=bm, block_n=bn, num_stages=st)
+        print(f"  prefill full 8x2048 block_m={bm} block_n={bn} stages={st}: {ms:.3f}")
     for bn in (32, 64, 128):
         for batch, ctx in ((1, 8192), (128, 8192)):
             ms = time_case([(ctx, 1)] * batch, None, True, block_n=bn)

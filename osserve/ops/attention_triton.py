@@ -28,6 +28,57 @@ LOG2E = 1.4426950408889634
 
 
 @triton.jit
+def _tiles(
+    acc, l_i, m_i,  # online-softmax state: [M, D], [M], [M] fp32
+    q, q_pos,  # [M, D], [M] absolute query positions
+    start, end,  # key positions [start, end) of this phase, stepped by BLOCK_N
+    bt_row, k_base, v_base,  # this sequence's block-table row; K/V pointers at this kv head
+    scale_log2e, window, stride_kb, stride_ks, stride_vb, stride_vs,
+    BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
+    HAS_WINDOW: tl.constexpr, MASK: tl.constexpr,
+):
+    """Fold keys [start, end) into the state. MASK=False: the caller guarantees every key is
+    visible to every row and every tile is whole, so no bounds, causal or window mask."""
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, HEAD_DIM)
+    for tile in range(start, end, BLOCK_N):
+        k_pos = tile + offs_n  # [N]
+        # Per-key block-table lookup: any block size, any (shuffled) block order.
+        if MASK:
+            k_ok = k_pos < end
+            blk = tl.load(bt_row + k_pos // BLOCK_SIZE, mask=k_ok, other=0)
+            k_ok = k_ok & (blk >= 0)
+        else:
+            blk = tl.load(bt_row + k_pos // BLOCK_SIZE)
+        blk = blk.to(tl.int64)
+        in_blk = k_pos % BLOCK_SIZE
+        k_ptrs = k_base + (blk * stride_kb + in_blk * stride_ks)[:, None] + offs_d[None, :]
+        v_ptrs = v_base + (blk * stride_vb + in_blk * stride_vs)[:, None] + offs_d[None, :]
+        if MASK:
+            k = tl.load(k_ptrs, mask=k_ok[:, None], other=0.0)
+        else:
+            k = tl.load(k_ptrs)
+        qk = tl.dot(q, tl.trans(k)) * scale_log2e  # [M, N] fp32
+        if MASK:
+            dist = q_pos[:, None] - k_pos[None, :]
+            visible = (dist >= 0) & k_ok[None, :]
+            if HAS_WINDOW:
+                visible = visible & (dist < window)
+            qk = tl.where(visible, qk, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(qk, 1))
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(qk - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        if MASK:
+            v = tl.load(v_ptrs, mask=k_ok[:, None], other=0.0)
+        else:
+            v = tl.load(v_ptrs)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+        m_i = m_new
+    return acc, l_i, m_i
+
+
+@triton.jit
 def _prefill_kernel(
     q_ptr, k_ptr, v_ptr, o_ptr, sinks_ptr,
     qsl_ptr,  # [B+1] int32 query_start_loc
@@ -77,38 +128,33 @@ def _prefill_kernel(
     acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
 
     # Keys this tile can see: up to its last query (causal); on a window layer, from the first
-    # query's window start. The loop starts exactly there: no tile wholly outside the window is
+    # query's window start. The loops start exactly there: no tile wholly outside the window is
     # ever loaded, and positions below `lo` (where freed -1 blocks live) are never indexed.
     hi = first_q_pos + tl.minimum(q_len, qt * BLOCK_Q + BLOCK_Q)
+    q_first = first_q_pos + qt * BLOCK_Q
+    # [full_lo, full_hi): keys every row of the tile sees (<= the first query, and inside the
+    # last query's window). Whole BLOCK_N tiles there skip the causal/window mask; only the few
+    # boundary tiles before and after (at most ~BLOCK_Q keys each side) pay for it.
     if HAS_WINDOW:
-        lo = tl.maximum(first_q_pos + qt * BLOCK_Q - window + 1, 0)
+        lo = tl.maximum(q_first - window + 1, 0)
+        full_lo = tl.minimum(tl.maximum(hi - window, lo), hi)
     else:
         lo = 0
-    offs_n = tl.arange(0, BLOCK_N)
-    for start in range(lo, hi, BLOCK_N):
-        k_pos = start + offs_n  # [N]
-        k_ok = k_pos < hi
-        # Per-key block-table lookup: any block size, any (shuffled) block order.
-        blk = tl.load(bt_ptr + b * stride_bt + k_pos // BLOCK_SIZE, mask=k_ok, other=0)
-        k_ok = k_ok & (blk >= 0)
-        blk = blk.to(tl.int64)
-        in_blk = k_pos % BLOCK_SIZE
-        k_rows = blk * stride_kb + in_blk * stride_ks + kvh * stride_kh
-        k = tl.load(k_ptr + k_rows[:, None] + offs_d[None, :], mask=k_ok[:, None], other=0.0)
-        qk = tl.dot(q, tl.trans(k)) * scale_log2e  # [M, N] fp32
-        dist = q_pos[:, None] - k_pos[None, :]
-        visible = (dist >= 0) & k_ok[None, :]
-        if HAS_WINDOW:
-            visible = visible & (dist < window)
-        qk = tl.where(visible, qk, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(qk, 1))
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(qk - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
-        v_rows = blk * stride_vb + in_blk * stride_vs + kvh * stride_vh
-        v = tl.load(v_ptr + v_rows[:, None] + offs_d[None, :], mask=k_ok[:, None], other=0.0)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
-        m_i = m_new
+        full_lo = 0
+    full_hi = tl.maximum(q_first + 1, full_lo)
+    full_end = full_lo + ((full_hi - full_lo) // BLOCK_N) * BLOCK_N
+    bt_row = bt_ptr + b * stride_bt
+    k_base = k_ptr + kvh * stride_kh
+    v_base = v_ptr + kvh * stride_vh
+    acc, l_i, m_i = _tiles(acc, l_i, m_i, q, q_pos, lo, full_lo, bt_row, k_base, v_base,
+                           scale_log2e, window, stride_kb, stride_ks, stride_vb, stride_vs,
+                           BLOCK_N, HEAD_DIM, BLOCK_SIZE, HAS_WINDOW, True)
+    acc, l_i, m_i = _tiles(acc, l_i, m_i, q, q_pos, full_lo, full_end, bt_row, k_base, v_base,
+                           scale_log2e, window, stride_kb, stride_ks, stride_vb, stride_vs,
+                           BLOCK_N, HEAD_DIM, BLOCK_SIZE, HAS_WINDOW, False)
+    acc, l_i, m_i = _tiles(acc, l_i, m_i, q, q_pos, full_end, hi, bt_row, k_base, v_base,
+                           scale_log2e, window, stride_kb, stride_ks, stride_vb, stride_vs,
+                           BLOCK_N, HEAD_DIM, BLOCK_SIZE, HAS_WINDOW, True)
 
     out = acc / l_i[:, None]
     tl.store(o_ptr + q_rows[:, None] * stride_ot + head[:, None] * stride_oh + offs_d[None, :],
@@ -119,7 +165,7 @@ def _prefill(
     q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, sinks: torch.Tensor,
     query_start_loc: torch.Tensor, seq_lens: torch.Tensor, block_tables: torch.Tensor,
     scale: float, window: int | None, max_query_len: int, out: torch.Tensor,
-    block_m: int | None = None, block_n: int | None = None,
+    block_m: int | None = None, block_n: int | None = None, num_stages: int | None = None,
 ) -> None:
     num_seqs = seq_lens.shape[0]
     num_heads, head_dim = q.shape[1], q.shape[2]
@@ -129,7 +175,8 @@ def _prefill(
     # M = 128 rows on the GPU (16 tokens x 8 heads for gpt-oss); at least 16 for tl.dot.
     block_m = block_m or (16 if _interpreting() else 128)
     block_q = max(1, max(block_m, 16) // group_p)
-    block_n = block_n or (16 if _interpreting() else 64)
+    # BLOCK_N 32 measured fastest on the H100 with 128-row tiles (benchmarks/NOTES-attention.md).
+    block_n = block_n or (16 if _interpreting() else 32)
     grid = (num_seqs, triton.cdiv(max_query_len, block_q), kv_heads)
     _prefill_kernel[grid](
         q, k_cache, v_cache, out, sinks, query_start_loc, seq_lens, block_tables,
@@ -139,7 +186,7 @@ def _prefill(
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), block_tables.stride(0),
         GROUP=group, GROUP_P=group_p, BLOCK_Q=block_q, BLOCK_N=block_n, HEAD_DIM=head_dim,
         BLOCK_SIZE=block_size, HAS_WINDOW=window is not None,
-        num_warps=4 if block_q * group_p <= 64 else 8, num_stages=2,
+        num_warps=4 if block_q * group_p <= 64 else 8, num_stages=num_stages or 2,
     )
 
 
@@ -161,6 +208,7 @@ def paged_attention_triton(
     num_splits: int | None = None,
     block_m: int | None = None,
     block_n: int | None = None,
+    num_stages: int | None = None,
 ) -> torch.Tensor:
     """Paged attention on the device; returns out [T, H, D] (q's dtype).
 
@@ -168,7 +216,7 @@ def paged_attention_triton(
     does no host sync and allocates only buffers whose sizes depend on (B, H, D, num_splits), so it
     can be captured in a CUDA graph; max_seq_len only picks the number of splits (performance),
     never correctness, so a graph captured at one max_seq_len replays correctly at any length.
-    num_splits / block_m / block_n override the heuristics (tests, benchmarks).
+    num_splits / block_m / block_n / num_stages override the heuristics (tests, benchmarks).
     """
     assert q.shape[2] == k_cache.shape[3] and q.shape[2] & (q.shape[2] - 1) == 0, "pow2 head_dim"
     assert q.shape[1] % k_cache.shape[2] == 0
@@ -182,7 +230,7 @@ def paged_attention_triton(
                             scale, window, max_seq_len, out, num_splits=num_splits, block_n=block_n)
     else:
         _prefill(q, k_cache, v_cache, sinks, query_start_loc, seq_lens, block_tables, scale, window,
-                 max_query_len, out, block_m=block_m, block_n=block_n)
+                 max_query_len, out, block_m=block_m, block_n=block_n, num_stages=num_stages)
     return out
 
 

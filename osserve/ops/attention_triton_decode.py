@@ -180,7 +180,8 @@ def paged_decode_triton(
     if num_splits is None:
         num_splits = choose_num_splits(num_seqs, kv_heads, max_context, q.device)
     assert num_splits & (num_splits - 1) == 0, "num_splits must be a power of two"
-    block_n = block_n or (16 if interpreting() else 64)
+    # 128-key tiles: fewest loop trips; measured no slower than 32/64 on the H100 (NOTES).
+    block_n = block_n or (16 if interpreting() else 128)
     if num_splits > 1:
         part_acc = torch.empty(num_seqs, num_heads, num_splits, head_dim, dtype=torch.float32,
                                device=q.device)

@@ -108,3 +108,11 @@ def test_write_kv_matches_reference() -> None:
     write_kv_triton(k, v, caches[0], caches[1], slots)
     write_kv_reference(k, v, expect[0], expect[1], slots)
     assert torch.equal(caches[0], expect[0]) and torch.equal(caches[1], expect[1])
+
+
+@pytest.mark.parametrize("window", [33, 40])
+def test_prefill_window_wider_than_tiles(window: int) -> None:
+    """Window wide enough that whole unmasked KV tiles sit between the masked boundary tiles."""
+    case = make_case([(100, 100), (90, 21), (120, 2)], 4, 2, 16, 4, window, device=DEVICE,
+                     outside="poison", seed=window)
+    check(case, is_decode=False)
