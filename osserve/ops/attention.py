@@ -120,6 +120,12 @@ def write_kv(
     k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     slot_mapping: torch.Tensor,
 ) -> None:
+    """Dispatch: the Triton kernel on CUDA, the reference elsewhere."""
+    if k_cache.is_cuda and k_cache.is_contiguous() and v_cache.is_contiguous():
+        from osserve.ops.attention_triton import write_kv_triton
+
+        write_kv_triton(k.contiguous(), v.contiguous(), k_cache, v_cache, slot_mapping)
+        return
     write_kv_reference(k, v, k_cache, v_cache, slot_mapping)
 
 
@@ -133,7 +139,18 @@ def paged_attention(
     scale: float,
     window: int | None,
 ) -> torch.Tensor:
-    """Dispatch: the Triton kernels on CUDA, the reference elsewhere."""
+    """Dispatch: the Triton kernels on CUDA, the reference elsewhere.
+
+    The CUDA path reads only device tensors and host ints from `meta` (no sync). A decode-only
+    batch takes the split-KV decode kernel, which is CUDA-graph safe.
+    """
+    if q.is_cuda:
+        from osserve.ops.attention_triton import paged_attention_triton
+
+        return paged_attention_triton(
+            q, k_cache, v_cache, sinks, meta.query_start_loc, meta.seq_lens, tables.block_tables,
+            scale, window, meta.max_query_len, meta.max_seq_len, meta.is_decode_only,
+        )
     query_start_loc = [0]
     for n in meta.query_lens_host:
         query_start_loc.append(query_start_loc[-1] + n)

@@ -1,0 +1,78 @@
+"""Random paged-attention inputs shared by the CPU (interpreter) and GPU tests and the benchmark."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class Case:
+    q: torch.Tensor  # [T, H, D]
+    k_cache: torch.Tensor  # [num_blocks, block_size, kv_heads, D]
+    v_cache: torch.Tensor
+    sinks: torch.Tensor  # [H]
+    query_start_loc: list[int]
+    seq_lens: list[int]
+    block_tables: torch.Tensor  # [B, max_blocks] int32
+    scale: float
+    window: int | None
+
+    def device_meta(self) -> tuple[torch.Tensor, torch.Tensor]:
+        dev = self.q.device
+        return (torch.tensor(self.query_start_loc, dtype=torch.int32, device=dev),
+                torch.tensor(self.seq_lens, dtype=torch.int32, device=dev))
+
+
+def make_case(
+    seqs: list[tuple[int, int]],  # (seq_len, query_len) per sequence
+    num_heads: int, kv_heads: int, head_dim: int, block_size: int, window: int | None,
+    dtype: torch.dtype = torch.float32, device: str = "cpu", outside: str = "hole", seed: int = 0,
+) -> Case:
+    """Blocks are handed out in a random order (non-contiguous tables). Blocks wholly before the
+    first key any query of the step can see (window layers) become -1 (outside="hole") or point at
+    a block full of NaN (outside="poison"): a kernel that loads them fails the comparison."""
+    gen = torch.Generator().manual_seed(seed)
+    blocks_per_seq = [-(-s // block_size) for s, _ in seqs]
+    num_blocks = sum(blocks_per_seq) + 2
+    perm = torch.randperm(num_blocks - 1, generator=gen) + 1  # block 0: the NaN block
+    max_blocks = max(blocks_per_seq) + 1
+    tables = torch.full((len(seqs), max_blocks), -1, dtype=torch.int32)
+    used = 0
+    for b, ((seq_len, q_len), n) in enumerate(zip(seqs, blocks_per_seq, strict=True)):
+        tables[b, :n] = perm[used:used + n].to(torch.int32)
+        used += n
+        if window is not None:
+            first_k = max(0, seq_len - q_len - window + 1)
+            dead = first_k // block_size  # blocks [0, dead) hold only positions < first_k
+            tables[b, :dead] = -1 if outside == "hole" else 0
+    shape = (num_blocks, block_size, kv_heads, head_dim)
+    k_cache = torch.randn(shape, generator=gen)
+    v_cache = torch.randn(shape, generator=gen)
+    k_cache[0] = float("nan")
+    v_cache[0] = float("nan")
+    total = sum(q for _, q in seqs)
+    q = torch.randn(total, num_heads, head_dim, generator=gen)
+    sinks = torch.randn(num_heads, generator=gen) * 2
+    qsl = [0]
+    for _, q_len in seqs:
+        qsl.append(qsl[-1] + q_len)
+    return Case(
+        q.to(dtype).to(device), k_cache.to(dtype).to(device), v_cache.to(dtype).to(device),
+        sinks.to(device), qsl, [s for s, _ in seqs], tables.to(device), head_dim ** -0.5, window,
+    )
+
+
+def reference(case: Case) -> torch.Tensor:
+    """The spec on float32 copies."""
+    from osserve.ops.attention import paged_attention_reference
+
+    return paged_attention_reference(
+        case.q.float(), case.k_cache.float(), case.v_cache.float(), case.sinks.float(),
+        case.query_start_loc, case.seq_lens, case.block_tables, case.scale, case.window,
+    )
+
+
+def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
+    return ((out.float() - ref).norm() / ref.norm()).item()

@@ -1,0 +1,118 @@
+"""Triton paged attention vs the reference. On CPU these run under TRITON_INTERPRET=1 at tiny
+shapes (window 8/16, block size 4/16); tests/gpu repeats them at gpt-oss shapes."""
+
+from __future__ import annotations
+
+import os
+import zlib
+
+import pytest
+import torch
+
+from tests.ops.attention_cases import make_case, reference, rel_err
+
+pytestmark = pytest.mark.skipif(
+    not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1",
+    reason="needs CUDA or TRITON_INTERPRET=1",
+)
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def run_kernel(case, is_decode: bool, **overrides) -> torch.Tensor:
+    from osserve.ops.attention_triton import paged_attention_triton
+
+    qsl, seq_lens = case.device_meta()
+    out = torch.full_like(case.q, float("nan"))  # poison: every row must be written
+    q_lens = [b - a for a, b in zip(case.query_start_loc, case.query_start_loc[1:], strict=False)]
+    paged_attention_triton(
+        case.q, case.k_cache, case.v_cache, case.sinks, qsl, seq_lens, case.block_tables,
+        case.scale, case.window, max(q_lens), max(case.seq_lens), is_decode, out=out, **overrides,
+    )
+    return out
+
+
+def check(case, is_decode: bool, tol: float = 1e-4, **overrides) -> None:
+    out = run_kernel(case, is_decode, **overrides)
+    assert not out.isnan().any(), "unwritten or NaN rows"
+    err = rel_err(out, reference(case))
+    assert err < tol, err
+
+
+# (seq_len, query_len) batches: prefill, chunked prefill (chunk boundary inside the window),
+# contexts below / at / above the window, mixed decode + prefill, very different lengths.
+PREFILL_BATCHES = {
+    "single_odd": [(37, 37)],
+    "chunk_in_window": [(50, 13)],
+    "ctx_lt_eq_gt_window": [(9, 9), (16, 16), (40, 40)],
+    "chunks_around_window": [(16, 5), (17, 3), (47, 31)],
+    "mixed": [(5, 5), (64, 1), (33, 20), (70, 3), (16, 16), (1, 1)],
+}
+
+
+@pytest.mark.parametrize("batch", list(PREFILL_BATCHES))
+@pytest.mark.parametrize("window", [None, 8, 16])
+@pytest.mark.parametrize("block_size", [4, 16])
+def test_prefill_matches_reference(batch: str, window: int | None, block_size: int) -> None:
+    seed = zlib.crc32(f"{batch}{window}{block_size}".encode()) % 10_000
+    outside = "poison" if seed % 2 else "hole"
+    case = make_case(PREFILL_BATCHES[batch], 4, 2, 16, block_size, window, device=DEVICE,
+                     outside=outside, seed=seed)
+    check(case, is_decode=False)
+
+
+@pytest.mark.parametrize("heads", [(4, 1), (3, 1), (2, 2)])
+def test_prefill_group_shapes(heads: tuple[int, int]) -> None:
+    """GQA group 4, a non-power-of-two group (padded rows) and no grouping; head_dim 32."""
+    case = make_case([(29, 29), (40, 11)], heads[0], heads[1], 32, 4, 16, device=DEVICE, seed=7,
+                     outside="poison")
+    check(case, is_decode=False)
+
+
+DECODE_LENS = [1, 7, 16, 17, 95, 130]
+
+
+@pytest.mark.parametrize("num_splits", [1, 2, 4])
+@pytest.mark.parametrize("window", [None, 16])
+@pytest.mark.parametrize("outside", ["hole", "poison"])
+def test_decode_matches_reference(num_splits: int, window: int | None, outside: str) -> None:
+    seed = num_splits * 100 + (window or 0) + (outside == "poison")
+    case = make_case([(n, 1) for n in DECODE_LENS], 4, 2, 16, 4, window, device=DEVICE,
+                     outside=outside, seed=seed)
+    check(case, is_decode=True, num_splits=num_splits)
+
+
+def test_decode_splits_more_than_tiles() -> None:
+    """More splits than a short context has tiles: empty splits must merge to nothing."""
+    case = make_case([(3, 1), (20, 1)], 4, 2, 16, 16, None, device=DEVICE, seed=3)
+    check(case, is_decode=True, num_splits=8)
+
+
+def test_decode_path_equals_prefill_path() -> None:
+    case = make_case([(n, 1) for n in (5, 33, 64)], 4, 2, 16, 4, 8, device=DEVICE, seed=11)
+    a = run_kernel(case, is_decode=True, num_splits=2)
+    b = run_kernel(case, is_decode=False)
+    assert rel_err(a, b.float()) < 1e-5
+
+
+def test_write_kv_matches_reference() -> None:
+    from osserve.ops.attention import write_kv_reference
+    from osserve.ops.attention_triton import write_kv_triton
+
+    gen = torch.Generator().manual_seed(5)
+    k = torch.randn(9, 2, 16, generator=gen).to(DEVICE)
+    v = torch.randn(9, 2, 16, generator=gen).to(DEVICE)
+    slots = torch.randperm(24, generator=gen)[:9].to(DEVICE)
+    slots[3] = -1
+    caches = [torch.randn(6, 4, 2, 16, generator=gen).to(DEVICE) for _ in range(2)]
+    expect = [c.clone() for c in caches]
+    write_kv_triton(k, v, caches[0], caches[1], slots)
+    write_kv_reference(k, v, expect[0], expect[1], slots)
+    assert torch.equal(caches[0], expect[0]) and torch.equal(caches[1], expect[1])
+
+
+@pytest.mark.parametrize("window", [33, 40])
+def test_prefill_window_wider_than_tiles(window: int) -> None:
+    """Window wide enough that whole unmasked KV tiles sit between the masked boundary tiles."""
+    case = make_case([(100, 100), (90, 21), (120, 2)], 4, 2, 16, 4, window, device=DEVICE,
+                     outside="poison", seed=window)
+    check(case, is_decode=False)
