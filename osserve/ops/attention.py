@@ -20,6 +20,8 @@ from dataclasses import dataclass
 
 import torch
 
+from osserve.ops.dispatch import use_triton
+
 
 @dataclass
 class BlockTables:
@@ -121,7 +123,7 @@ def write_kv(
     slot_mapping: torch.Tensor,
 ) -> None:
     """Dispatch: the Triton kernel on CUDA, the reference elsewhere."""
-    if k_cache.is_cuda and k_cache.is_contiguous() and v_cache.is_contiguous():
+    if use_triton(k_cache) and k_cache.is_contiguous() and v_cache.is_contiguous():
         from osserve.ops.attention_triton import write_kv_triton
 
         write_kv_triton(k.contiguous(), v.contiguous(), k_cache, v_cache, slot_mapping)
@@ -144,7 +146,7 @@ def paged_attention(
     The CUDA path reads only device tensors and host ints from `meta` (no sync). A decode-only
     batch takes the split-KV decode kernel, which is CUDA-graph safe.
     """
-    if q.is_cuda:
+    if use_triton(q):
         from osserve.ops.attention_triton import paged_attention_triton
 
         return paged_attention_triton(
