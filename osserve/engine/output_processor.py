@@ -93,6 +93,7 @@ class OutputProcessor:
             num_prompt_tokens=req.num_prompt_tokens,
             num_cached_tokens=req.num_cached_tokens,
             num_output_tokens=req.num_output_tokens,
+            queue_time=req.queue_time if finished else None,
         )
 
     def finish(self, req: Request, reason: str) -> CompletionDelta:

@@ -34,6 +34,7 @@ class CompletionDelta:
     num_cached_tokens: int  # prompt tokens served from the prefix cache
     num_output_tokens: int  # so far
     error: str | None = None
+    queue_time: float | None = None  # seconds from arrival to first scheduling (on the last delta)
 
 
 @dataclass

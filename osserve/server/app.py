@@ -1,0 +1,115 @@
+"""The HTTP app: `create_app(engine, tokenizer, config)` wires the routes, errors, auth, body
+limit and metrics around any EngineClient (the real AsyncEngine, or a test stub)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from fastapi import FastAPI, Request, Response
+from fastapi.responses import JSONResponse
+from starlette.middleware.base import BaseHTTPMiddleware, RequestResponseEndpoint
+
+from osserve import __version__
+from osserve.engine.outputs import EngineClient
+from osserve.server import chat, completions, ollama, responses
+from osserve.server.errors import error_response, install_error_handlers
+from osserve.server.generation import ServerState
+from osserve.server.metrics import ServerMetrics
+from osserve.server.responses_store import ResponseStore
+from osserve.tokenizer import Tokenizer
+
+log = logging.getLogger("osserve")
+
+OPEN_PATHS = ("/health", "/metrics", "/docs", "/openapi.json", "/api/version")
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    model_name: str = "osserve-builtin"
+    api_key: str | None = None
+    max_body_bytes: int = 8 * 2**20
+    max_stored_responses: int = 1024
+
+
+class _Guard(BaseHTTPMiddleware):
+    """API key (401) and request body size (413) before any route runs."""
+
+    def __init__(self, app: Any, config: ServerConfig) -> None:
+        super().__init__(app)
+        self.config = config
+
+    async def dispatch(self, request: Request, call_next: RequestResponseEndpoint) -> Response:
+        length = request.headers.get("content-length")
+        if length is not None and length.isdigit() and int(length) > self.config.max_body_bytes:
+            return error_response(413, f"request body larger than {self.config.max_body_bytes} bytes",
+                                  "invalid_request_error")
+        key = self.config.api_key
+        if key and not request.url.path.startswith(OPEN_PATHS):
+            auth = request.headers.get("authorization", "")
+            if auth != f"Bearer {key}":
+                return error_response(401, "missing or wrong API key (Authorization: Bearer ...)",
+                                      "authentication_error")
+        return await call_next(request)
+
+
+def create_app(engine: EngineClient, tokenizer: Tokenizer, config: ServerConfig) -> FastAPI:
+    app = FastAPI(title="osserve", version=__version__,
+                  description="OpenAI- and Ollama-compatible server for gpt-oss")
+    state = ServerState(engine=engine, tokenizer=tokenizer, model_name=config.model_name,
+                        metrics=ServerMetrics(engine.stats, config.model_name),
+                        responses=ResponseStore(config.max_stored_responses), api_key=config.api_key)
+    app.state.osserve = state
+    app.add_middleware(_Guard, config=config)
+    install_error_handlers(app)
+    for module in (chat, completions, responses, ollama):
+        app.include_router(module.router)
+    started = int(time.time())
+
+    @app.get("/health")
+    async def health() -> Response:
+        if not engine.is_ready:
+            return error_response(503, "the engine is not ready", "unavailable")
+        return JSONResponse({"status": "ok"})
+
+    @app.get("/v1/models")
+    async def models() -> Any:
+        return {"object": "list", "data": [{"id": config.model_name, "object": "model", "created": started,
+                                            "owned_by": "osserve", "max_model_len": engine.max_model_len}]}
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        return Response(state.metrics.render(), media_type="text/plain; version=0.0.4")
+
+    return app
+
+
+def run_server(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from osserve.engine.async_engine import build_async_engine
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    engine = build_async_engine(args)
+    name = args.served_model_name or (args.model.rstrip("/").split("/")[-1] if args.model else
+                                      f"gpt-oss-{args.preset}" if args.preset else "osserve-builtin")
+    app = create_app(engine, engine.tokenizer, ServerConfig(model_name=name, api_key=args.api_key))
+    base = f"http://{args.host}:{args.port}"
+    print(f"""
+osserve {__version__} serving '{name}' at {base}  (OpenAI: {base}/v1, Ollama: {base}/api)
+
+  curl {base}/v1/chat/completions -H 'Content-Type: application/json' \\
+    -d '{{"model": "{name}", "messages": [{{"role": "user", "content": "What is 2+2?"}}], "max_tokens": 64}}'
+
+  python -c "from openai import OpenAI; c = OpenAI(base_url='{base}/v1', api_key='{args.api_key or 'none'}'); \\
+r = c.chat.completions.create(model='{name}', max_tokens=64, messages=[{{'role': 'user', 'content': 'Hi'}}]); \\
+print(r.choices[0].message)"
+""", flush=True)
+    try:
+        uvicorn.run(app, host=args.host, port=args.port, log_level="info")
+    finally:
+        engine.shutdown()
+    return 0

@@ -1,0 +1,266 @@
+"""POST /v1/responses, GET /v1/responses/{id}: OpenAI's Responses API over harmony.
+
+Input items map onto chat messages (a `function_call` is an assistant tool call, a
+`function_call_output` a tool result, a `reasoning` item the assistant's analysis); with
+`previous_response_id` the stored conversation comes first. Output items: reasoning, message,
+function_call. Streaming follows the standard event sequence, each event with a sequence_number.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, StreamingResponse
+
+from osserve.engine.outputs import CompletionDelta
+from osserve.errors import InvalidRequestError, ModelNotFoundError
+from osserve.harmony.render import ChatMessage, FunctionTool, ToolCall, render_chat
+from osserve.harmony.stream import (
+    ContentDelta,
+    HarmonyStreamParser,
+    ParsedOutput,
+    ReasoningDelta,
+    ToolCallArgsDelta,
+    ToolCallStart,
+)
+from osserve.server.generation import ServerState, generate, new_id, sampling_params, sse
+from osserve.server.protocol import ResponsesRequest
+from osserve.server.responses_store import StoredResponse
+
+router = APIRouter()
+
+
+def _text(content: Any) -> str:
+    if isinstance(content, str):
+        return content
+    return "".join(p.get("text", "") for p in content or [] if isinstance(p, dict))
+
+
+def items_to_messages(items: str | list[dict[str, Any]]) -> list[ChatMessage]:
+    if isinstance(items, str):
+        return [ChatMessage("user", items)]
+    out: list[ChatMessage] = []
+    for it in items:
+        kind = it.get("type", "message")
+        if kind == "message":
+            role = it.get("role", "user")
+            if role not in ("user", "system", "developer", "assistant"):
+                raise InvalidRequestError(f"unknown message role {role!r}", "input")
+            out.append(ChatMessage(role, _text(it.get("content"))))
+        elif kind == "reasoning":
+            text = _text(it.get("content")) or _text(it.get("summary"))
+            out.append(ChatMessage("assistant", None, reasoning=text))
+        elif kind == "function_call":
+            call = ToolCall(it.get("call_id", ""), it.get("name", ""), it.get("arguments", "{}"))
+            if out and out[-1].role == "assistant" and not out[-1].content:
+                out[-1].tool_calls.append(call)
+            else:
+                out.append(ChatMessage("assistant", None, tool_calls=[call]))
+        elif kind == "function_call_output":
+            out.append(ChatMessage("tool", str(it.get("output", "")), tool_call_id=it.get("call_id")))
+        else:
+            raise InvalidRequestError(f"input item type {kind!r} is not supported", "input")
+    return out
+
+
+def output_items(parsed: ParsedOutput, ids: dict[str, str]) -> list[dict[str, Any]]:
+    items: list[dict[str, Any]] = []
+    if parsed.reasoning:
+        items.append({"type": "reasoning", "id": ids["reasoning"], "summary": [],
+                      "content": [{"type": "reasoning_text", "text": parsed.reasoning}], "status": "completed"})
+    if parsed.content:
+        items.append({"type": "message", "id": ids["message"], "role": "assistant", "status": "completed",
+                      "content": [{"type": "output_text", "text": parsed.content, "annotations": []}]})
+    for i, call in enumerate(parsed.tool_calls):
+        items.append({"type": "function_call", "id": f"fc_{call.id}", "call_id": call.id, "name": call.name,
+                      "arguments": call.arguments, "status": "completed", "_index": i})
+    for it in items:
+        it.pop("_index", None)
+    return items
+
+
+def response_object(rid: str, body: ResponsesRequest, model: str, created: int, status: str,
+                    output: list[dict[str, Any]], usage: dict[str, Any] | None) -> dict[str, Any]:
+    return {"id": rid, "object": "response", "created_at": created, "model": model, "status": status,
+            "output": output, "usage": usage, "instructions": body.instructions,
+            "previous_response_id": body.previous_response_id, "error": None, "incomplete_details": None,
+            "tools": body.tools or [], "tool_choice": body.tool_choice or "auto",
+            "parallel_tool_calls": True, "temperature": body.temperature, "top_p": body.top_p,
+            "max_output_tokens": body.max_output_tokens, "metadata": {}, "text": {"format": {"type": "text"}},
+            "reasoning": body.reasoning or {"effort": "medium"}, "store": body.store}
+
+
+def response_usage(prompt_len: int, last: CompletionDelta | None, parsed: ParsedOutput) -> dict[str, Any]:
+    out_tokens = last.num_output_tokens if last else 0
+    return {"input_tokens": prompt_len, "output_tokens": out_tokens, "total_tokens": prompt_len + out_tokens,
+            "input_tokens_details": {"cached_tokens": last.num_cached_tokens if last else 0},
+            "output_tokens_details": {"reasoning_tokens": parsed.reasoning_tokens}}
+
+
+@router.get("/v1/responses/{response_id}")
+async def get_response(response_id: str, request: Request) -> Any:
+    state: ServerState = request.app.state.osserve
+    item = state.responses.get(response_id)
+    if item is None:
+        raise ModelNotFoundError(f"no stored response with id '{response_id}'", "response_id")
+    return JSONResponse(item.body)
+
+
+@router.post("/v1/responses")
+async def create_response(body: ResponsesRequest, request: Request) -> Any:
+    state: ServerState = request.app.state.osserve
+    state.check_model(body.model)
+    history: list[ChatMessage] = []
+    instructions = body.instructions
+    if body.previous_response_id:
+        prev = state.responses.get(body.previous_response_id)
+        if prev is None:
+            raise InvalidRequestError(f"previous_response_id '{body.previous_response_id}' is unknown or "
+                                      "was evicted", "previous_response_id")
+        history = list(prev.conversation)
+        instructions = instructions or prev.instructions
+    new_messages = items_to_messages(body.input)
+    conversation = history + new_messages
+    tools = [FunctionTool(t.get("name", ""), t.get("description") or "", t.get("parameters"))
+             for t in body.tools or [] if t.get("type") == "function"]
+    choice: Any = body.tool_choice or "auto"
+    if isinstance(choice, dict):
+        choice = {"name": choice.get("name") or (choice.get("function") or {}).get("name")}
+    effort = (body.reasoning or {}).get("effort") or "medium"
+    system = [ChatMessage("developer", instructions)] if instructions else []
+    prompt = render_chat(system + conversation, tools=tools, tool_choice=choice, reasoning_effort=effort)
+    params = sampling_params(temperature=body.temperature, top_p=body.top_p, max_tokens=body.max_output_tokens,
+                             seed=body.seed, extra={"ignore_eos": body.ignore_eos})
+    rid = new_id("resp_")
+    ids = {"reasoning": new_id("rs_"), "message": new_id("msg_")}
+    created = int(time.time())
+    deltas = generate(state, prompt.token_ids, params, rid)
+    first = await anext(deltas)
+    parser = HarmonyStreamParser(state.tokenizer, prompt.prefill_token_ids)
+
+    def finish(last: CompletionDelta | None) -> dict[str, Any]:
+        parsed = parser.parsed
+        status = "incomplete" if last is not None and last.finish_reason == "length" else "completed"
+        obj = response_object(rid, body, state.model_name, created, status,
+                              output_items(parsed, ids), response_usage(len(prompt.token_ids), last, parsed))
+        if body.store:
+            out_msgs = [ChatMessage("assistant", parsed.content or None, reasoning=parsed.reasoning or None,
+                                    tool_calls=[ToolCall(c.id, c.name, c.arguments) for c in parsed.tool_calls])]
+            state.responses.put(rid, StoredResponse(obj, conversation + out_msgs, instructions))
+        return obj
+
+    if body.stream:
+        return StreamingResponse(_stream(state, body, rid, created, ids, first, deltas, parser, finish),
+                                 media_type="text/event-stream")
+    last = first
+    parser.push(first.new_token_ids)
+    async for d in deltas:
+        parser.push(d.new_token_ids)
+        last = d
+    parser.finish()
+    return JSONResponse(finish(last))
+
+
+async def _stream(state: ServerState, body: ResponsesRequest, rid: str, created: int, ids: dict[str, str],
+                  first: CompletionDelta, rest: AsyncIterator[CompletionDelta], parser: HarmonyStreamParser,
+                  finish: Any) -> AsyncIterator[str]:
+    seq = 0
+
+    def event(kind: str, **data: Any) -> str:
+        nonlocal seq
+        payload = {"type": kind, "sequence_number": seq, **data}
+        seq += 1
+        return sse(payload, event=kind)
+
+    shell = response_object(rid, body, state.model_name, created, "in_progress", [], None)
+    yield event("response.created", response=shell)
+    yield event("response.in_progress", response=shell)
+    out_index = -1
+    open_item: dict[str, Any] | None = None  # the item being streamed, with its text so far
+
+    def close() -> list[str]:
+        nonlocal open_item
+        if open_item is None:
+            return []
+        it, events = open_item, []
+        if it["type"] == "reasoning":
+            events.append(event("response.reasoning_text.done", item_id=it["id"], output_index=out_index,
+                                content_index=0, text=it["text"]))
+            part = {"type": "reasoning_text", "text": it["text"]}
+            events.append(event("response.content_part.done", item_id=it["id"], output_index=out_index,
+                                content_index=0, part=part))
+            item = {"type": "reasoning", "id": it["id"], "summary": [], "content": [part], "status": "completed"}
+        elif it["type"] == "message":
+            events.append(event("response.output_text.done", item_id=it["id"], output_index=out_index,
+                                content_index=0, text=it["text"]))
+            part = {"type": "output_text", "text": it["text"], "annotations": []}
+            events.append(event("response.content_part.done", item_id=it["id"], output_index=out_index,
+                                content_index=0, part=part))
+            item = {"type": "message", "id": it["id"], "role": "assistant", "status": "completed",
+                    "content": [part]}
+        else:
+            events.append(event("response.function_call_arguments.done", item_id=it["id"],
+                                output_index=out_index, arguments=it["text"]))
+            item = {"type": "function_call", "id": it["id"], "call_id": it["call_id"], "name": it["name"],
+                    "arguments": it["text"], "status": "completed"}
+        events.append(event("response.output_item.done", output_index=out_index, item=item))
+        open_item = None
+        return events
+
+    def open_new(kind: str, **extra: Any) -> list[str]:
+        nonlocal open_item, out_index
+        events = close()
+        out_index += 1
+        if kind == "reasoning":
+            item_id = ids["reasoning"]
+            item = {"type": "reasoning", "id": item_id, "summary": [], "content": [], "status": "in_progress"}
+            part = {"type": "reasoning_text", "text": ""}
+        elif kind == "message":
+            item_id = ids["message"]
+            item = {"type": "message", "id": item_id, "role": "assistant", "status": "in_progress", "content": []}
+            part = {"type": "output_text", "text": "", "annotations": []}
+        else:
+            item_id = f"fc_{extra['call_id']}"
+            item = {"type": "function_call", "id": item_id, "call_id": extra["call_id"], "name": extra["name"],
+                    "arguments": "", "status": "in_progress"}
+            part = None
+        events.append(event("response.output_item.added", output_index=out_index, item=item))
+        if part is not None:
+            events.append(event("response.content_part.added", item_id=item_id, output_index=out_index,
+                                content_index=0, part=part))
+        open_item = {"type": kind, "id": item_id, "text": "", **extra}
+        return events
+
+    async def items() -> AsyncIterator[CompletionDelta]:
+        yield first
+        async for d in rest:
+            yield d
+
+    last: CompletionDelta | None = None
+    async for d in items():
+        last = d
+        produced = parser.push(d.new_token_ids) + (parser.finish() if d.finished else [])
+        for x in produced:
+            if isinstance(x, ReasoningDelta | ContentDelta):
+                kind = "reasoning" if isinstance(x, ReasoningDelta) else "message"
+                if open_item is None or open_item["type"] != kind:
+                    for e in open_new(kind):
+                        yield e
+                assert open_item is not None
+                open_item["text"] += x.text
+                name = "response.reasoning_text.delta" if kind == "reasoning" else "response.output_text.delta"
+                yield event(name, item_id=open_item["id"], output_index=out_index, content_index=0, delta=x.text)
+            elif isinstance(x, ToolCallStart):
+                for e in open_new("function_call", call_id=x.id, name=x.name):
+                    yield e
+            elif isinstance(x, ToolCallArgsDelta) and open_item is not None:
+                open_item["text"] += x.text
+                yield event("response.function_call_arguments.delta", item_id=open_item["id"],
+                            output_index=out_index, delta=x.text)
+    for e in close():
+        yield e
+    final = finish(last)
+    yield event("response.completed" if final["status"] == "completed" else "response.incomplete", response=final)
