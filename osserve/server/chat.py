@@ -126,8 +126,8 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Any
     for i, c in enumerate(choices):
         parsed = c.parser.parsed
         message: dict[str, Any] = {"role": "assistant", "content": parsed.content or None}
-        if body.include_reasoning:
-            message["reasoning"] = message["reasoning_content"] = parsed.reasoning or None
+        reasoning = (parsed.reasoning or None) if body.include_reasoning else None
+        message["reasoning"] = message["reasoning_content"] = reasoning
         if parsed.tool_calls:
             message["tool_calls"] = [{"id": t.id, "type": "function",
                                       "function": {"name": t.name, "arguments": t.arguments}}

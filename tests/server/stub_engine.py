@@ -1,0 +1,66 @@
+"""A test EngineClient that replays scripted token sequences, one token per delta, honouring
+max_tokens, stop tokens and aborts — the server's output path without a model."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+from osserve.engine.outputs import CompletionDelta, EngineStats
+from osserve.engine.sampling_params import SamplingParams
+from osserve.errors import ContextLengthError
+from osserve.tokenizer import load_tokenizer
+
+
+class ScriptedEngine:
+    def __init__(self, script: list[int] | None = None, max_model_len: int = 4096, delay: float = 0.0) -> None:
+        self.script = list(script or [])
+        self._max_model_len = max_model_len
+        self.delay = delay
+        self.aborted: list[str] = []
+        self.prompts: list[list[int]] = []
+        self.generated = 0
+
+    @property
+    def max_model_len(self) -> int:
+        return self._max_model_len
+
+    @property
+    def is_ready(self) -> bool:
+        return True
+
+    def stats(self) -> EngineStats:
+        return EngineStats(generation_tokens_total=self.generated)
+
+    async def abort(self, request_id: str) -> None:
+        self.aborted.append(request_id)
+
+    async def generate(self, prompt_token_ids: list[int], params: SamplingParams,
+                       request_id: str) -> AsyncIterator[CompletionDelta]:
+        params.validate()
+        if len(prompt_token_ids) + (params.max_tokens or 1) > self.max_model_len:
+            raise ContextLengthError("too long", "max_tokens")
+        self.prompts.append(list(prompt_token_ids))
+        tok = load_tokenizer()
+        limit = params.max_tokens or len(self.script)
+        finished = False
+        try:
+            for i, t in enumerate(self.script[:limit]):
+                if self.delay:
+                    await asyncio.sleep(self.delay)
+                self.generated += 1
+                stop = t in params.stop_token_ids and not params.ignore_eos
+                last = stop or i + 1 == limit or i + 1 == len(self.script)
+                finished = last
+                yield CompletionDelta(
+                    request_id=request_id, new_token_ids=[t],
+                    new_text="" if stop else tok.decode([t]), new_logprobs=None, finished=last,
+                    finish_reason=("stop" if stop or i + 1 == len(self.script) else "length") if last else None,
+                    stop_reason=t if stop else None, num_prompt_tokens=len(prompt_token_ids),
+                    num_cached_tokens=16, num_output_tokens=i + 1,
+                )
+                if last:
+                    return
+        finally:
+            if not finished:
+                self.aborted.append(request_id)
