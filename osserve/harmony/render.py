@@ -22,6 +22,7 @@ from openai_harmony import (
     DeveloperContent,
     Message,
     ReasoningEffort,
+    RenderConversationConfig,
     Role,
     SystemContent,
     ToolDescription,
@@ -151,9 +152,10 @@ def render_chat(
             )
         else:
             raise InvalidRequestError(f"unknown message role {m.role!r}", "messages")
+    convo = _drop_analysis_before_last_final(convo)
     enc = load_tokenizer().encoding
     ids: list[int] = enc.render_conversation_for_completion(  # type: ignore[attr-defined]
-        Conversation.from_messages(convo), Role.ASSISTANT
+        Conversation.from_messages(convo), Role.ASSISTANT, RenderConversationConfig(auto_drop_analysis=False)
     )
     prefill: list[int] = []
     if forced is not None:
@@ -162,6 +164,17 @@ def render_chat(
         # Several tools: the recipient header is begun, so the model must name one of them.
         prefill = _encode_special("<|channel|>commentary to=functions.")
     return RenderedPrompt(token_ids=ids + prefill, prefill_token_ids=prefill)
+
+
+def _drop_analysis_before_last_final(convo: list[Message]) -> list[Message]:
+    """Earlier chains of thought go once a final answer follows them; the chain since the last
+    final (a tool-calling turn in progress) stays. Stated here rather than left to the
+    renderer's auto_drop_analysis, which keeps old analysis when a later turn calls a tool."""
+    finals = [i for i, m in enumerate(convo) if m.author.role == Role.ASSISTANT and m.channel == "final"]
+    if not finals:
+        return convo
+    last = finals[-1]
+    return [m for i, m in enumerate(convo) if not (i < last and m.channel == "analysis")]
 
 
 def _encode_special(text: str) -> list[int]:

@@ -1,0 +1,50 @@
+"""Rendering chat inputs with openai-harmony, and the conversation round trip."""
+
+from __future__ import annotations
+
+from openai_harmony import Conversation, Message, RenderConversationConfig, Role
+
+from osserve.harmony.render import ChatMessage, FunctionTool, ToolCall, render_chat
+from osserve.tokenizer import load_tokenizer
+
+
+def text(ids: list[int]) -> str:
+    return load_tokenizer().decode(ids)
+
+
+def test_round_trip_through_render_conversation_for_completion() -> None:
+    enc = load_tokenizer().encoding
+    convo = Conversation.from_messages([
+        Message.from_role_and_content(Role.USER, "What is 2+2?"),
+        Message.from_role_and_content(Role.ASSISTANT, "Simple.").with_channel("analysis"),
+        Message.from_role_and_content(Role.ASSISTANT, "4").with_channel("final"),
+    ])
+    ids = enc.render_conversation(convo, RenderConversationConfig(auto_drop_analysis=False))
+    parsed = enc.parse_messages_from_completion_tokens(ids)
+    assert [(m.author.role, m.channel, m.content[0].text) for m in parsed] == [
+        (Role.USER, None, "What is 2+2?"), (Role.ASSISTANT, "analysis", "Simple."), (Role.ASSISTANT, "final", "4")]
+    prompt = enc.render_conversation_for_completion(convo, Role.ASSISTANT)
+    assert text(prompt).endswith("<|start|>assistant")
+
+
+def test_system_developer_tools_and_effort() -> None:
+    r = render_chat([ChatMessage("system", "Be brief."), ChatMessage("user", "hi")],
+                    tools=[FunctionTool("get_weather", "Weather now", {"type": "object", "properties": {}})],
+                    reasoning_effort="high")
+    t = text(r.token_ids)
+    assert "Reasoning: high" in t and "# Instructions\n\nBe brief." in t
+    assert "type get_weather" in t and t.endswith("<|start|>assistant") and r.prefill_token_ids == []
+
+
+def test_history_rules() -> None:
+    calls = [ToolCall("c1", "f", '{"a": 1}')]
+    r = render_chat([
+        ChatMessage("user", "one"), ChatMessage("assistant", "final one", reasoning="THOUGHT-1"),
+        ChatMessage("user", "two"), ChatMessage("assistant", None, reasoning="THOUGHT-2", tool_calls=calls),
+        ChatMessage("tool", "result", tool_call_id="c1"),
+    ], tools=[FunctionTool("f")])
+    t = text(r.token_ids)
+    assert "THOUGHT-1" not in t and "THOUGHT-2" in t
+    assert '<|start|>assistant to=functions.f<|channel|>commentary <|constrain|>json<|message|>{"a": 1}' in t
+    assert "<|start|>functions.f to=assistant<|channel|>commentary<|message|>result<|end|>" in t
+    assert "final one<|end|>" in t  # a stored <|return|> becomes <|end|>
