@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
+from osserve.ops.dispatch import use_triton
 from osserve.ops.mxfp4 import dequantize_mxfp4
 
 SWIGLU_ALPHA = 1.702
@@ -88,5 +89,9 @@ def fused_moe(
     experts: ExpertWeights,
     swiglu_limit: float,
 ) -> torch.Tensor:
-    """Dispatch: the fast kernels where available, the reference elsewhere."""
+    """Dispatch: the fused MXFP4 Triton kernels on CUDA, the reference elsewhere."""
+    if use_triton(x) and experts.gate_up_blocks is not None:
+        from osserve.ops.moe_triton import fused_moe_triton
+
+        return fused_moe_triton(x, topk_weights, topk_ids, experts, swiglu_limit)
     return moe_reference(x, topk_weights, topk_ids, experts, swiglu_limit)
