@@ -108,6 +108,8 @@ def build_engine(args: EngineArgs) -> LLMEngine:
     kv = KVCacheManager(block_size=plan.block_size, num_blocks=plan.num_blocks, groups=groups,
                         enable_prefix_caching=cache.enable_prefix_caching)
     runner = ModelRunner(model, kv_tensors, plan.block_size, device)
+    if device.type == "cuda" and not args.enforce_eager:
+        runner.capture_decode_graphs(list(plan.num_blocks), max_model_len, sched.max_num_seqs)
     log.info(
         "memory plan: weights %.2f GiB, KV cache %.2f GiB (%s blocks of %d tokens), dtype %s, %s",
         weights_bytes / 2**30, plan.total_bytes / 2**30, plan.num_blocks, plan.block_size,

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
+from osserve.engine.cuda_graphs import DecodeGraphs
 from osserve.model.gpt_oss import GptOssForCausalLM, KVCache
 from osserve.ops.attention import AttentionMetadata, BlockTables
 
@@ -43,6 +44,12 @@ class ModelRunner:
         self.block_size = block_size
         self.device = device
         self.pin = device.type == "cuda"
+        self.graphs: DecodeGraphs | None = None
+
+    def capture_decode_graphs(self, groups: list[str], max_model_len: int, max_batch: int) -> None:
+        """Record decode steps as CUDA graphs (the runner, not the model, decides this)."""
+        self.graphs = DecodeGraphs(self.model, self.kv_caches, groups, self.block_size, max_model_len, max_batch)
+        self.graphs.capture()
 
     def _to_device(self, data: list[int], dtype: torch.dtype) -> torch.Tensor:
         t = torch.tensor(data, dtype=dtype, pin_memory=self.pin)
@@ -98,6 +105,15 @@ class ModelRunner:
     @torch.inference_mode()
     def run(self, entries: list[BatchEntry]) -> torch.Tensor:
         """Logits [S, vocab] (float32) for the entries with sample=True, in their order."""
+        if self.graphs is not None and self.graphs.can_run(len(entries)) and all(
+            len(e.token_ids) == 1 and e.sample for e in entries
+        ):
+            hidden = self.graphs.run(
+                [e.token_ids[0] for e in entries], [e.start_pos for e in entries],
+                [e.start_pos + 1 for e in entries],
+                {g: [e.block_tables[g] for e in entries] for g in entries[0].block_tables},
+            )
+            return self.model.compute_logits(hidden)
         inp = self.prepare(entries)
         hidden = self.model(inp.input_ids, inp.positions, inp.meta, self.kv_caches)
         return self.model.compute_logits(hidden[inp.sample_rows])

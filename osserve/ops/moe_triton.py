@@ -140,7 +140,10 @@ def align_by_expert(topk_ids: torch.Tensor, num_experts: int) -> tuple[torch.Ten
     """(order: pair indices sorted by expert, counts [E], offsets [E]) — all on the device."""
     flat = topk_ids.reshape(-1)
     order = torch.argsort(flat, stable=True).to(torch.int32)
-    counts = torch.bincount(flat, minlength=num_experts).to(torch.int32)
+    # scatter_add, not bincount: bincount sizes its output from the data (a host sync), which
+    # a CUDA graph cannot hold.
+    counts = torch.zeros(num_experts, dtype=torch.int32, device=flat.device)
+    counts.scatter_add_(0, flat, torch.ones_like(flat, dtype=torch.int32))
     offsets = (torch.cumsum(counts, 0) - counts).to(torch.int32)
     return order, counts, offsets
 

@@ -1,0 +1,102 @@
+"""The engine's offline speed on random weights of the real shapes (one GPU), printed as a table.
+
+    python benchmarks/bench_decode.py [--presets 20b,120b] [--out results.json]
+
+For each preset: batch 1 and batch 32 decode (prompt 1024, 512 output tokens, greedy,
+ignore_eos), prefill of 8 x 2048 tokens, a per-op breakdown of one batch-1 decode step (PyTorch
+profiler, CUDA time by kernel name), and the memory plan. Bandwidth at batch 1 is the bytes one
+decode step must read (all non-expert weights + the 4 active experts of every layer + the KV
+cache) over the measured step time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+from collections import defaultdict
+
+import torch
+
+from osserve.bench.latency import run_once
+from osserve.config import preset
+from osserve.engine.load import EngineArgs, build_engine
+
+
+def bytes_per_decode_token(name: str, context: int) -> float:
+    cfg = preset(name)
+    h, i = cfg.hidden_size, cfg.intermediate_size
+    attn = h * (cfg.q_size + 2 * cfg.kv_size) + cfg.q_size * h  # q, k, v, o weights
+    expert = (2 * i * h + h * i) * (0.5 + 1 / 32)  # MXFP4 nibbles + one scale byte per 32
+    per_layer = 2 * attn + cfg.num_experts_per_tok * expert + 2 * h * cfg.num_local_experts
+    kv = sum(2 * cfg.kv_size * 2 * (min(context, cfg.sliding_window) if cfg.window_of(layer) else context)
+             for layer in range(cfg.num_hidden_layers))
+    return cfg.num_hidden_layers * per_layer + 2 * cfg.vocab_size * h + kv
+
+
+def profile_decode_step(engine) -> dict[str, float]:  # type: ignore[no-untyped-def]
+    from osserve.engine.sampling_params import SamplingParams
+
+    engine.add_request("prof", list(range(1000, 2024)), SamplingParams(temperature=0, max_tokens=40, ignore_eos=True))
+    for _ in range(30):
+        engine.step()
+    runner, graphs = engine.runner, engine.runner.graphs
+    engine.runner.graphs = None  # profile the eager kernels; the graph replays the same ones
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        engine.step()
+        torch.cuda.synchronize()
+    runner.graphs = graphs
+    while engine.has_unfinished():
+        engine.step()
+    buckets: dict[str, float] = defaultdict(float)
+    for ev in prof.key_averages():
+        name = ev.key.lower()
+        kind = ("attention" if "attn" in name or "attention" in name or "decode" in name or "merge" in name
+                else "moe" if "gate_up" in name or "down_kernel" in name or "sort" in name or "scatter" in name
+                else "gemm" if "gemm" in name or "matmul" in name or "cublas" in name or "sm90" in name
+                else "norm/elementwise" if "elementwise" in name or "reduce" in name or "vectorized" in name
+                else "kv write" if "write_kv" in name
+                else "other")
+        buckets[kind] += ev.device_time_total / 1000.0  # ms
+    return dict(buckets)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--presets", default="20b")
+    ap.add_argument("--out", default=None)
+    ap.add_argument("--output-len", type=int, default=512)
+    args = ap.parse_args()
+    rows, results = [], {}
+    for name in args.presets.split(","):
+        engine = build_engine(EngineArgs(load_format="dummy", preset=name, max_model_len=8192, max_num_seqs=64,
+                                         max_num_batched_tokens=16384))
+        run_once(engine, 1, 128, 16, seed=99)  # warm-up: compile every kernel
+        b1 = run_once(engine, 1, 1024, args.output_len, seed=1)
+        b32 = run_once(engine, 32, 1024, args.output_len, seed=2)
+        pre = run_once(engine, 8, 2048, 2, seed=3)
+        breakdown = profile_decode_step(engine)
+        need = bytes_per_decode_token(name, 1024 + args.output_len // 2)
+        bw = need / (b1.tpot_median_ms / 1000) / 1e12
+        results[name] = {"batch1": vars(b1), "batch32": vars(b32), "prefill_8x2048": vars(pre),
+                         "decode_step_breakdown_ms": breakdown, "bytes_per_token": need,
+                         "batch1_TBps": bw, "peak_gib": torch.cuda.max_memory_allocated() / 2**30}
+        rows.append((name, b1.decode_tok_s, b1.tpot_median_ms, bw, b32.decode_tok_s, pre.prefill_tok_s,
+                     torch.cuda.max_memory_allocated() / 2**30))
+        print(name, json.dumps(results[name], indent=1), flush=True)
+        del engine
+        gc.collect()
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(results, f, indent=2)
+    print(f"\n{torch.cuda.get_device_name()}")
+    print(f"{'preset':>7} {'b1 tok/s':>9} {'b1 TPOT ms':>10} {'b1 TB/s':>8} {'b32 tok/s':>10} "
+          f"{'prefill tok/s':>13} {'peak GiB':>9}")
+    for r in rows:
+        print(f"{r[0]:>7} {r[1]:>9.1f} {r[2]:>10.3f} {r[3]:>8.2f} {r[4]:>10.1f} {r[5]:>13.0f} {r[6]:>9.1f}")
+
+
+if __name__ == "__main__":
+    main()

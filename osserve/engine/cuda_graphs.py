@@ -1,0 +1,93 @@
+"""CUDA graphs for decode steps: the whole forward of a decode batch replayed as one graph.
+
+A decode step launches hundreds of small kernels (24-36 layers of norms, GEMMs, attention, MoE);
+replaying a captured graph removes the launch gaps. Graphs are captured once per batch size in
+`sizes` (a batch is padded up to the next size), reading every input from persistent buffers
+that each step overwrites. Padded rows write no KV (slot -1) and attend to nothing (length 0).
+Attention is captured with the longest context as its bound (the split-KV kernel reads each
+sequence's real length on the device), so one graph serves every context length.
+"""
+
+from __future__ import annotations
+
+import bisect
+import logging
+import math
+
+import torch
+
+from osserve.model.gpt_oss import GptOssForCausalLM, KVCache
+from osserve.ops.attention import AttentionMetadata, BlockTables
+
+log = logging.getLogger("osserve")
+
+DEFAULT_SIZES = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 224, 256)
+
+
+class DecodeGraphs:
+    def __init__(self, model: GptOssForCausalLM, kv_caches: list[KVCache], groups: list[str],
+                 block_size: int, max_model_len: int, max_batch: int) -> None:
+        self.model, self.kv_caches, self.groups = model, kv_caches, groups
+        self.block_size, self.max_model_len = block_size, max_model_len
+        self.sizes = [s for s in DEFAULT_SIZES if s <= max_batch] or [1]
+        n, dev = self.sizes[-1], next(model.parameters()).device
+        width = math.ceil(max_model_len / block_size)
+        self.input_ids = torch.zeros(n, dtype=torch.int64, device=dev)
+        self.positions = torch.zeros(n, dtype=torch.int64, device=dev)
+        self.seq_lens = torch.zeros(n, dtype=torch.int32, device=dev)
+        self.query_start_loc = torch.arange(n + 1, dtype=torch.int32, device=dev)
+        self.tables = {g: torch.full((n, width), -1, dtype=torch.int32, device=dev) for g in groups}
+        self.slots = {g: torch.full((n,), -1, dtype=torch.int64, device=dev) for g in groups}
+        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self.outputs: dict[int, torch.Tensor] = {}
+
+    def _meta(self, b: int) -> AttentionMetadata:
+        return AttentionMetadata(
+            query_start_loc=self.query_start_loc[: b + 1], seq_lens=self.seq_lens[:b],
+            query_lens_host=[1] * b, seq_lens_host=[self.max_model_len] * b,
+            groups={g: BlockTables(self.tables[g][:b], self.slots[g][:b]) for g in self.groups},
+        )
+
+    @torch.inference_mode()
+    def capture(self) -> None:
+        pool = None
+        for b in reversed(self.sizes):
+            meta = self._meta(b)
+            for _ in range(2):  # compile the Triton kernels and settle the allocator first
+                self.model(self.input_ids[:b], self.positions[:b], meta, self.kv_caches)
+            torch.cuda.synchronize()
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g, pool=pool):
+                self.outputs[b] = self.model(self.input_ids[:b], self.positions[:b], meta, self.kv_caches)
+            pool = g.pool() if pool is None else pool
+            self.graphs[b] = g
+        log.info("captured decode CUDA graphs for batch sizes %s", self.sizes)
+
+    def can_run(self, batch: int) -> bool:
+        return bool(self.graphs) and batch <= self.sizes[-1]
+
+    def run(self, input_ids: list[int], positions: list[int], seq_lens: list[int],
+            tables: dict[str, list[list[int]]]) -> torch.Tensor:
+        """Hidden states [len(input_ids), hidden] of one decode step."""
+        n = len(input_ids)
+        b = self.sizes[bisect.bisect_left(self.sizes, n)]
+        bs = self.block_size
+
+        def put(dst: torch.Tensor, rows: list, pad: int) -> None:  # type: ignore[type-arg]
+            host = torch.tensor(rows + [pad] * (b - n), dtype=dst.dtype, pin_memory=True)
+            dst[:b].copy_(host, non_blocking=True)
+
+        put(self.input_ids, input_ids, 0)
+        put(self.positions, positions, 0)
+        put(self.seq_lens, seq_lens, 0)
+        for g in self.groups:
+            slots = [t[p // bs] * bs + p % bs for t, p in zip(tables[g], positions, strict=True)]
+            put(self.slots[g], slots, -1)
+            width = max(len(t) for t in tables[g])
+            rows = torch.full((b, width), -1, dtype=torch.int32, pin_memory=True)
+            for i, t in enumerate(tables[g]):
+                rows[i, : len(t)] = torch.tensor(t, dtype=torch.int32)
+            self.tables[g][:b, :width].copy_(rows, non_blocking=True)
+            self.tables[g][:b, width:].fill_(-1)
+        self.graphs[b].replay()
+        return self.outputs[b][:n]
