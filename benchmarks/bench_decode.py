@@ -61,6 +61,34 @@ def profile_decode_step(engine) -> dict[str, float]:  # type: ignore[no-untyped-
     return dict(buckets)
 
 
+def moe_bandwidth(name: str) -> dict[str, float]:
+    """The fused MoE alone at the preset's shapes: µs per layer and GB/s of expert bytes read
+    (each expert hit counted once) at decode batch 1 and 32."""
+    import triton
+
+    from osserve.ops.moe_triton import fused_moe_triton
+    from tests.ops.test_moe_triton import random_experts
+
+    cfg = preset(name)
+    g = torch.Generator().manual_seed(0)
+    layers = [random_experts(cfg.num_local_experts, cfg.hidden_size, cfg.intermediate_size, g, "cuda")
+              for _ in range(4)]  # rotate 4 layers' weights so L2 does not hold them
+    per_expert = 3 * cfg.hidden_size * cfg.intermediate_size * (0.5 + 1 / 32)
+    out = {}
+    for t in (1, 32):
+        x = torch.randn(t, cfg.hidden_size, device="cuda", dtype=torch.bfloat16)
+        logits = torch.randn(t, cfg.num_local_experts, device="cuda")
+        w, ids = torch.topk(logits, 4, dim=-1)
+        w = torch.softmax(w, -1).bfloat16()
+        hit = ids.unique().numel()
+        it = iter(range(10**9))
+        ms = triton.testing.do_bench(lambda: fused_moe_triton(x, w, ids, layers[next(it) % 4], 7.0),
+                                     return_mode="median")
+        out[f"b{t}_us"] = ms * 1000
+        out[f"b{t}_GBps"] = hit * per_expert / (ms / 1000) / 1e9
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--presets", default="20b")
@@ -76,13 +104,14 @@ def main() -> None:
         b32 = run_once(engine, 32, 1024, args.output_len, seed=2)
         pre = run_once(engine, 8, 2048, 2, seed=3)
         breakdown = profile_decode_step(engine)
+        moe = moe_bandwidth(name)
         need = bytes_per_decode_token(name, 1024 + args.output_len // 2)
         bw = need / (b1.tpot_median_ms / 1000) / 1e12
         results[name] = {"batch1": vars(b1), "batch32": vars(b32), "prefill_8x2048": vars(pre),
                          "decode_step_breakdown_ms": breakdown, "bytes_per_token": need,
-                         "batch1_TBps": bw, "peak_gib": torch.cuda.max_memory_allocated() / 2**30}
+                         "batch1_TBps": bw, "moe_alone": moe, "peak_gib": torch.cuda.max_memory_allocated() / 2**30}
         rows.append((name, b1.decode_tok_s, b1.tpot_median_ms, bw, b32.decode_tok_s, pre.prefill_tok_s,
-                     torch.cuda.max_memory_allocated() / 2**30))
+                     torch.cuda.max_memory_allocated() / 2**30, moe["b1_us"], moe["b1_GBps"], moe["b32_GBps"]))
         print(name, json.dumps(results[name], indent=1), flush=True)
         del engine
         gc.collect()
@@ -93,9 +122,10 @@ def main() -> None:
             json.dump(results, f, indent=2)
     print(f"\n{torch.cuda.get_device_name()}")
     print(f"{'preset':>7} {'b1 tok/s':>9} {'b1 TPOT ms':>10} {'b1 TB/s':>8} {'b32 tok/s':>10} "
-          f"{'prefill tok/s':>13} {'peak GiB':>9}")
+          f"{'prefill tok/s':>13} {'peak GiB':>9} {'MoE b1 us':>9} {'MoE b1 GB/s':>11} {'MoE b32 GB/s':>12}")
     for r in rows:
-        print(f"{r[0]:>7} {r[1]:>9.1f} {r[2]:>10.3f} {r[3]:>8.2f} {r[4]:>10.1f} {r[5]:>13.0f} {r[6]:>9.1f}")
+        print(f"{r[0]:>7} {r[1]:>9.1f} {r[2]:>10.3f} {r[3]:>8.2f} {r[4]:>10.1f} {r[5]:>13.0f} {r[6]:>9.1f} "
+              f"{r[7]:>9.1f} {r[8]:>11.0f} {r[9]:>12.0f}")
 
 
 if __name__ == "__main__":

@@ -15,6 +15,8 @@ from osserve.ops.dispatch import use_triton
 from osserve.ops.mxfp4 import dequantize_mxfp4
 
 SWIGLU_ALPHA = 1.702
+# Above this many tokens (prefill) experts are dequantised once per forward and run on cuBLAS.
+PREFILL_DENSE_MIN_TOKENS = 512
 
 
 @dataclass
@@ -91,7 +93,9 @@ def fused_moe(
 ) -> torch.Tensor:
     """Dispatch: the fused MXFP4 Triton kernels on CUDA, the reference elsewhere."""
     if use_triton(x) and experts.gate_up_blocks is not None:
-        from osserve.ops.moe_triton import fused_moe_triton
+        from osserve.ops import moe_triton
 
-        return fused_moe_triton(x, topk_weights, topk_ids, experts, swiglu_limit)
+        if x.shape[0] > PREFILL_DENSE_MIN_TOKENS and not torch.cuda.is_current_stream_capturing():
+            return moe_triton.moe_prefill_dense(x, topk_weights, topk_ids, experts, swiglu_limit)
+        return moe_triton.fused_moe_triton(x, topk_weights, topk_ids, experts, swiglu_limit)
     return moe_reference(x, topk_weights, topk_ids, experts, swiglu_limit)

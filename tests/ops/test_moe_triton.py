@@ -61,3 +61,17 @@ def test_clamp_is_applied() -> None:
     ref = moe_reference(x, w, ids, ex, 7.0)
     out = fused_moe_triton(x, w, ids, ex, 7.0, SMALL)
     assert ((out - ref).norm() / ref.norm()).item() < 1e-4
+
+
+def test_triton_dequant_and_dense_prefill_path() -> None:
+    from osserve.ops.moe_triton import dequantize_mxfp4_triton, moe_prefill_dense
+    from osserve.ops.mxfp4 import dequantize_mxfp4
+
+    g = torch.Generator().manual_seed(5)
+    ex = random_experts(4, 64, 64, g)
+    assert torch.equal(dequantize_mxfp4_triton(ex.gate_up_blocks, ex.gate_up_scales, torch.float32),
+                       dequantize_mxfp4(ex.gate_up_blocks, ex.gate_up_scales))
+    x = torch.randn(40, 64, generator=g)
+    w, ids = routing(40, 4, 2, g, "one")
+    ref = moe_reference(x, w, ids, ex, 7.0)
+    assert ((moe_prefill_dense(x, w, ids, ex, 7.0) - ref).norm() / ref.norm()).item() < 1e-5
