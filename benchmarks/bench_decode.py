@@ -66,7 +66,7 @@ def moe_bandwidth(name: str) -> dict[str, float]:
     (each expert hit counted once) at decode batch 1 and 32."""
     import triton
 
-    from osserve.ops.moe_triton import fused_moe_triton
+    from osserve.ops.moe import fused_moe
     from tests.ops.test_moe_triton import random_experts
 
     cfg = preset(name)
@@ -82,7 +82,7 @@ def moe_bandwidth(name: str) -> dict[str, float]:
         w = torch.softmax(w, -1).bfloat16()
         hit = ids.unique().numel()
         it = iter(range(10**9))
-        ms = triton.testing.do_bench(lambda: fused_moe_triton(x, w, ids, layers[next(it) % 4], 7.0),
+        ms = triton.testing.do_bench(lambda: fused_moe(x, w, ids, layers[next(it) % 4], 7.0),
                                      return_mode="median")
         out[f"b{t}_us"] = ms * 1000
         out[f"b{t}_GBps"] = hit * per_expert / (ms / 1000) / 1e9

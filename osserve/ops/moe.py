@@ -17,6 +17,8 @@ from osserve.ops.mxfp4 import dequantize_mxfp4
 SWIGLU_ALPHA = 1.702
 # Above this many tokens (prefill) experts are dequantised once per forward and run on cuBLAS.
 PREFILL_DENSE_MIN_TOKENS = 512
+# Up to this many tokens (decode) each (token, expert) pair streams its expert's 4-bit weights.
+GEMV_MAX_TOKENS = 64
 
 
 @dataclass
@@ -97,5 +99,7 @@ def fused_moe(
 
         if x.shape[0] > PREFILL_DENSE_MIN_TOKENS and not torch.cuda.is_current_stream_capturing():
             return moe_triton.moe_prefill_dense(x, topk_weights, topk_ids, experts, swiglu_limit)
+        if x.shape[0] <= GEMV_MAX_TOKENS:
+            return moe_triton.fused_moe_gemv(x, topk_weights, topk_ids, experts, swiglu_limit)
         return moe_triton.fused_moe_triton(x, topk_weights, topk_ids, experts, swiglu_limit)
     return moe_reference(x, topk_weights, topk_ids, experts, swiglu_limit)

@@ -119,6 +119,87 @@ def _down_kernel(act_ptr, order_ptr, offsets_ptr, counts_ptr, weights_ptr, w_ptr
         tl.store(out_ptr + pair[:, None] * N + n[None, :], out, mask=r_mask[:, None] & n_mask[None, :])
 
 
+@triton.jit
+def _gemv_tile(w_ptr, s_ptr, rows, row_mask, xe, xo, c, c_mask, K_BYTES: tl.constexpr,
+               K_GROUPS: tl.constexpr):  # noqa: ANN001, ANN202
+    """sum over this chunk of dequant(W[rows, chunk]) * x[chunk] → [BN] fp32 (no tensor cores:
+    one row of activations, so the work is bandwidth, and plain FMAs keep the layout simple)."""
+    m = row_mask[:, None] & c_mask[None, :]
+    b = tl.load(w_ptr + rows[:, None] * K_BYTES + c[None, :], mask=m, other=0)
+    s = tl.load(s_ptr + rows[:, None] * K_GROUPS + (c // 16)[None, :], mask=m, other=127)
+    scale = tl.exp2(s.to(tl.float32) - 127.0)
+    return tl.sum((_e2m1(b & 0xF) * xe[None, :] + _e2m1(b >> 4) * xo[None, :]) * scale, axis=1)
+
+
+@triton.jit
+def _gemv_gate_up_kernel(x_ptr, ids_ptr, w_ptr, s_ptr, b_ptr, act_ptr, K: tl.constexpr, I: tl.constexpr,
+                         TOPK: tl.constexpr, limit, alpha, BN: tl.constexpr, BK: tl.constexpr):  # noqa: ANN001
+    pair = tl.program_id(0)
+    e = tl.load(ids_ptr + pair)
+    tok = pair // TOPK
+    j = tl.program_id(1) * BN + tl.arange(0, BN)
+    j_mask = j < I
+    gate_rows = e * 2 * I + 2 * j
+    acc_g = tl.zeros((BN,), dtype=tl.float32)
+    acc_u = tl.zeros((BN,), dtype=tl.float32)
+    for k0 in range(0, K, BK):
+        c = k0 // 2 + tl.arange(0, BK // 2)  # byte columns: values 2c (low nibble) and 2c+1
+        c_mask = c < K // 2
+        xe = tl.load(x_ptr + tok * K + 2 * c, mask=c_mask, other=0.0).to(tl.float32)
+        xo = tl.load(x_ptr + tok * K + 2 * c + 1, mask=c_mask, other=0.0).to(tl.float32)
+        acc_g += _gemv_tile(w_ptr, s_ptr, gate_rows, j_mask, xe, xo, c, c_mask, K // 2, K // 32)
+        acc_u += _gemv_tile(w_ptr, s_ptr, gate_rows + 1, j_mask, xe, xo, c, c_mask, K // 2, K // 32)
+    gate = tl.minimum(acc_g + tl.load(b_ptr + gate_rows, mask=j_mask, other=0.0).to(tl.float32), limit)
+    up = acc_u + tl.load(b_ptr + gate_rows + 1, mask=j_mask, other=0.0).to(tl.float32)
+    up = tl.minimum(tl.maximum(up, -limit), limit)
+    out = gate * tl.sigmoid(gate * alpha) * (up + 1.0)
+    tl.store(act_ptr + pair * I + j, out.to(act_ptr.dtype.element_ty), mask=j_mask)
+
+
+@triton.jit
+def _gemv_down_kernel(act_ptr, ids_ptr, weights_ptr, w_ptr, s_ptr, b_ptr, out_ptr, K: tl.constexpr,
+                      N: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):  # noqa: ANN001
+    pair = tl.program_id(0)
+    e = tl.load(ids_ptr + pair)
+    n = tl.program_id(1) * BN + tl.arange(0, BN)
+    n_mask = n < N
+    rows = e * N + n
+    acc = tl.zeros((BN,), dtype=tl.float32)
+    for k0 in range(0, K, BK):
+        c = k0 // 2 + tl.arange(0, BK // 2)
+        c_mask = c < K // 2
+        ae = tl.load(act_ptr + pair * K + 2 * c, mask=c_mask, other=0.0).to(tl.float32)
+        ao = tl.load(act_ptr + pair * K + 2 * c + 1, mask=c_mask, other=0.0).to(tl.float32)
+        acc += _gemv_tile(w_ptr, s_ptr, rows, n_mask, ae, ao, c, c_mask, K // 2, K // 32)
+    acc += tl.load(b_ptr + rows, mask=n_mask, other=0.0).to(tl.float32)
+    rw = tl.load(weights_ptr + pair).to(tl.float32)
+    tl.store(out_ptr + pair * N + n, acc * rw, mask=n_mask)
+
+
+def fused_moe_gemv(
+    x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor, experts: ExpertWeights,
+    swiglu_limit: float, bn: int = 32, bk: int = 512,
+) -> torch.Tensor:
+    """Decode sizes: one program per (token, expert) pair and block of output rows, reading the
+    4-bit weights straight through; no sorting at all."""
+    assert experts.gate_up_blocks is not None and experts.gate_up_scales is not None
+    assert experts.down_blocks is not None and experts.down_scales is not None
+    t, h = x.shape
+    topk = topk_ids.shape[1]
+    i = experts.gate_up_blocks.shape[1] // 2
+    ids = topk_ids.reshape(-1).contiguous()
+    x = x.contiguous()
+    act = torch.empty(t * topk, i, dtype=x.dtype, device=x.device)
+    _gemv_gate_up_kernel[(t * topk, triton.cdiv(i, bn))](
+        x, ids, experts.gate_up_blocks, experts.gate_up_scales, experts.gate_up_bias, act, h, i, topk,
+        swiglu_limit, SWIGLU_ALPHA, BN=bn, BK=bk, num_warps=4)
+    partial = torch.empty(t * topk, h, dtype=torch.float32, device=x.device)
+    _gemv_down_kernel[(t * topk, triton.cdiv(h, bn))](
+        act, ids, topk_weights.reshape(-1).contiguous(), experts.down_blocks, experts.down_scales,
+        experts.down_bias, partial, i, h, BN=bn, BK=bk, num_warps=4)
+    return partial.view(t, topk, h).sum(1).to(x.dtype)
+
+
 @dataclass
 class MoEConfig:
     bm: int

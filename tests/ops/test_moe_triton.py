@@ -75,3 +75,16 @@ def test_triton_dequant_and_dense_prefill_path() -> None:
     w, ids = routing(40, 4, 2, g, "one")
     ref = moe_reference(x, w, ids, ex, 7.0)
     assert ((moe_prefill_dense(x, w, ids, ex, 7.0) - ref).norm() / ref.norm()).item() < 1e-5
+
+
+@pytest.mark.parametrize("t", [1, 3])
+def test_gemv_decode_path_matches_reference(t: int) -> None:
+    from osserve.ops.moe_triton import fused_moe_gemv
+
+    g = torch.Generator().manual_seed(11 + t)
+    ex = random_experts(8, 64, 96, g)  # 96: a K chunk that is not a whole BLOCK_K
+    x = torch.randn(t, 64, generator=g)
+    w, ids = routing(t, 8, 4, g, "none")
+    ref = moe_reference(x, w, ids, ex, 7.0)
+    out = fused_moe_gemv(x, w, ids, ex, 7.0, bn=32, bk=64)
+    assert ((out - ref).norm() / ref.norm()).item() < 1e-5
