@@ -82,7 +82,7 @@ def moe_bandwidth(name: str) -> dict[str, float]:
         w = torch.softmax(w, -1).bfloat16()
         hit = ids.unique().numel()
         it = iter(range(10**9))
-        ms = triton.testing.do_bench(lambda: fused_moe(x, w, ids, layers[next(it) % 4], 7.0),
+        ms = triton.testing.do_bench(lambda x=x, w=w, ids=ids, it=it: fused_moe(x, w, ids, layers[next(it) % 4], 7.0),
                                      return_mode="median")
         out[f"b{t}_us"] = ms * 1000
         out[f"b{t}_GBps"] = hit * per_expert / (ms / 1000) / 1e9

@@ -11,10 +11,11 @@ registers inside the matrix kernels; bf16 activations on the GPU, fp32 accumulat
     reduce:           partial.view(T, k, H).sum(1) (a tiny pass; atomics would make the sum's
                       order, and so greedy outputs, depend on timing)
 
-Each program reads its expert's weight tile once per BLOCK_M rows: at decode sizes (a handful
-of rows per expert) every weight byte is read once, which is what bounds decode speed.
-activations' dtype sets the dots' (bf16 on the GPU). MXFP4 bytes hold two values: column 2i in the low nibble, 2i+1 in the high one; so the kernels
-split x into its even and odd columns and do two half-width dots instead of interleaving.
+Each program reads its expert's weight tile once per BLOCK_M rows. The activations' dtype sets
+the dots' (bf16 on the GPU). MXFP4 bytes hold two values: column 2i in the low nibble, 2i+1 in
+the high one; so the kernels split x into its even and odd columns and do two half-width dots
+instead of interleaving. Decode-size batches use the GEMV kernels below (no sorting, no tensor
+cores: a row of activations per program), prefill-size ones `moe_prefill_dense`.
 """
 
 from __future__ import annotations

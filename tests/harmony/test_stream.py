@@ -27,7 +27,8 @@ def ids() -> object:
 def test_reasoning_then_final_deltas() -> None:
     p = HarmonyStreamParser(new_call_id=ids())  # type: ignore[arg-type]
     out = []
-    for t in toks("<|channel|>analysis<|message|>Think.<|end|><|start|>assistant<|channel|>final<|message|>Yes!<|return|>"):
+    text = "<|channel|>analysis<|message|>Think.<|end|><|start|>assistant<|channel|>final<|message|>Yes!<|return|>"
+    for t in toks(text):
         out += p.push([t])
     assert "".join(d.text for d in out if isinstance(d, ReasoningDelta)) == "Think."
     assert "".join(d.text for d in out if isinstance(d, ContentDelta)) == "Yes!"
