@@ -8,10 +8,14 @@ This file is the specification (plain PyTorch); fast paths implement the same fu
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
 from osserve.ops.mxfp4 import dequantize_mxfp4
+
+if TYPE_CHECKING:
+    from osserve.ops.moe_triton import PreparedExperts
 
 SWIGLU_ALPHA = 1.702
 
@@ -28,6 +32,7 @@ class ExpertWeights:
     down_bias: torch.Tensor  # [E, H]
     gate_up_dense: torch.Tensor | None = None  # [E, 2I, H], when dequantised once at load
     down_dense: torch.Tensor | None = None  # [E, H, I]
+    prepared: PreparedExperts | None = None  # the Triton kernel's layout, set once at load (prepare())
 
     @property
     def num_experts(self) -> int:
@@ -44,6 +49,18 @@ class ExpertWeights:
             return self.down_dense.to(dtype)
         assert self.down_blocks is not None and self.down_scales is not None
         return dequantize_mxfp4(self.down_blocks, self.down_scales, dtype)
+
+    def prepare(self, keep_original: bool = False) -> None:
+        """Build the fused Triton kernel's layout once (at load, on the GPU).
+
+        Drops the checkpoint-layout MXFP4 tensors unless asked (the layout is the same size: keeping
+        both doubles expert memory, which 120b cannot afford); the reference path then needs them back.
+        """
+        from osserve.ops.moe_triton import prepare_mxfp4_experts
+
+        self.prepared = prepare_mxfp4_experts(self)
+        if not keep_original:
+            self.gate_up_blocks = self.gate_up_scales = self.down_blocks = self.down_scales = None
 
     def dequantize_in_place(self, dtype: torch.dtype) -> None:
         """Keep dense copies (and drop the MXFP4 tensors): the simple fast path on GPU."""
@@ -88,5 +105,9 @@ def fused_moe(
     experts: ExpertWeights,
     swiglu_limit: float,
 ) -> torch.Tensor:
-    """Dispatch: the fast kernels where available, the reference elsewhere."""
+    """Dispatch: the fused MXFP4 Triton kernel on CUDA once `experts.prepare()` ran, else the reference."""
+    if x.is_cuda and experts.prepared is not None:
+        from osserve.ops.moe_triton import fused_moe_triton
+
+        return fused_moe_triton(x, topk_weights, topk_ids, experts.prepared, swiglu_limit)
     return moe_reference(x, topk_weights, topk_ids, experts, swiglu_limit)
