@@ -52,14 +52,16 @@ def dense_bf16(experts) -> tuple[torch.Tensor, torch.Tensor]:
     return deq(experts.gate_up_blocks, experts.gate_up_scales), deq(experts.down_blocks, experts.down_scales)
 
 
-def sweep(prepared: list, num_experts: int, candidates: list[MoEConfig], tokens: tuple[int, ...]) -> None:
+def sweep(
+    prepared: list, num_experts: int, candidates: list[tuple[MoEConfig, bool]], tokens: tuple[int, ...]
+) -> None:
     for t in tokens:
         x = torch.randn(t, HIDDEN, device="cuda").bfloat16()
         w, ids = random_routing(t, num_experts, TOP_K, device="cuda")
         w = w.bfloat16()
-        for cfg in candidates:
-            us = graph_time_us([partial(fused_moe_triton, x, w, ids, p, LIMIT, cfg) for p in prepared])
-            print(f"sweep T={t:5d} {cfg}: {us:9.1f} us", flush=True)
+        for cfg, fast in candidates:
+            us = graph_time_us([partial(fused_moe_triton, x, w, ids, p, LIMIT, cfg, fast) for p in prepared])
+            print(f"sweep T={t:5d} fast={fast:d} {cfg}: {us:9.1f} us", flush=True)
 
 
 def main() -> None:
@@ -108,24 +110,15 @@ def main() -> None:
     sys.stdout.flush()
 
 
-SWEEP_DECODE = [
-    MoEConfig(16, 32, 128, 4, 4, 32, 128, 4, 4),
-    MoEConfig(16, 16, 128, 4, 4, 16, 128, 4, 4),
-    MoEConfig(16, 64, 128, 4, 3, 64, 128, 4, 3),
-    MoEConfig(16, 32, 256, 4, 3, 32, 256, 4, 3),
-    MoEConfig(16, 16, 256, 2, 3, 32, 256, 2, 3),
-]
-SWEEP_MID = [
-    MoEConfig(32, 64, 128, 4, 3, 64, 128, 4, 3),
-    MoEConfig(16, 32, 128, 4, 4, 32, 128, 4, 4),
-    MoEConfig(64, 64, 128, 4, 3, 128, 64, 4, 3),
-]
-SWEEP_PREFILL = [
-    MoEConfig(64, 64, 128, 4, 3, 128, 64, 4, 3),
-    MoEConfig(128, 64, 64, 8, 3, 128, 64, 8, 3),
-    MoEConfig(64, 128, 64, 8, 3, 128, 128, 8, 3),
-    MoEConfig(128, 32, 128, 4, 3, 64, 128, 4, 3),
-]
+_D1 = MoEConfig(16, 32, 128, 4, 4, 32, 128, 4, 4)
+_D3 = MoEConfig(16, 64, 128, 4, 3, 64, 128, 4, 3)
+_P2 = MoEConfig(128, 64, 64, 8, 3, 128, 64, 8, 3)
+SWEEP_DECODE = [(_D1, False), (_D1, True), (_D3, True), (MoEConfig(16, 32, 256, 4, 3, 32, 256, 4, 3), True),
+                (MoEConfig(16, 16, 256, 4, 3, 16, 256, 4, 3), True)]
+SWEEP_MID = [(MoEConfig(32, 64, 128, 4, 3, 64, 128, 4, 3), True),
+             (MoEConfig(64, 64, 64, 4, 3, 64, 64, 4, 3), True)]
+SWEEP_PREFILL = [(_P2, False), (_P2, True), (MoEConfig(128, 64, 128, 8, 3, 128, 128, 8, 3), True),
+                 (MoEConfig(128, 32, 64, 4, 4, 64, 64, 4, 4), True)]
 
 if __name__ == "__main__":
     main()

@@ -72,9 +72,10 @@ class MoEConfig:
 # rows, the GEMMs are GEMVs over 4-bit weights, so small BLOCK_M and many programs over N.
 # Prefill: tensor-core tiles. Chosen on an H100 with benchmarks/bench_moe.py (NOTES-moe.md).
 CONFIGS: dict[int, MoEConfig] = {
-    64: MoEConfig(16, 32, 128, 4, 4, 32, 128, 4, 4),
+    16: MoEConfig(16, 32, 128, 4, 4, 32, 128, 4, 4),
+    64: MoEConfig(16, 64, 128, 4, 3, 64, 128, 4, 3),
     512: MoEConfig(32, 64, 128, 4, 3, 64, 128, 4, 3),
-    1 << 62: MoEConfig(64, 64, 128, 4, 3, 128, 64, 4, 3),
+    1 << 62: MoEConfig(128, 64, 64, 8, 3, 128, 64, 8, 3),
 }
 
 
@@ -129,6 +130,60 @@ def _dequant_pair(packed, scale):
     return lo.to(tl.float32, bitcast=True) * sf, hi.to(tl.float32, bitcast=True) * sf
 
 
+# Same function as _dequant_pair but on packed registers, straight to bf16 (sm_90: mul.rn.bf16x2):
+# 4 bytes -> 4 low + 4 high values in ~4 instructions per value instead of ~12 (the decode GEMV
+# is bound by this arithmetic, not by memory). $4 = 4 weight bytes, $5 = their 4 scale bytes.
+_DEQUANT_PTX = """{
+.reg .b32 t0, t1, s0, s1, u, v;
+prmt.b32 t0, $4, 0, 0x4140;
+prmt.b32 t1, $4, 0, 0x4342;
+prmt.b32 s0, $5, 0, 0x4140;
+prmt.b32 s1, $5, 0, 0x4342;
+add.u32 s0, s0, 0x00400040;
+shl.b32 s0, s0, 7;
+add.u32 s1, s1, 0x00400040;
+shl.b32 s1, s1, 7;
+shl.b32 u, t0, 6;
+and.b32 u, u, 0x01C001C0;
+shl.b32 v, t0, 12;
+and.b32 v, v, 0x80008000;
+or.b32 u, u, v;
+mul.rn.bf16x2 $0, u, s0;
+shl.b32 u, t1, 6;
+and.b32 u, u, 0x01C001C0;
+shl.b32 v, t1, 12;
+and.b32 v, v, 0x80008000;
+or.b32 u, u, v;
+mul.rn.bf16x2 $1, u, s1;
+shl.b32 u, t0, 2;
+and.b32 u, u, 0x01C001C0;
+shl.b32 v, t0, 8;
+and.b32 v, v, 0x80008000;
+or.b32 u, u, v;
+mul.rn.bf16x2 $2, u, s0;
+shl.b32 u, t1, 2;
+and.b32 u, u, 0x01C001C0;
+shl.b32 v, t1, 8;
+and.b32 v, v, 0x80008000;
+or.b32 u, u, v;
+mul.rn.bf16x2 $3, u, s1;
+}"""
+
+
+@triton.jit
+def _dequant(packed, scale, dtype: tl.constexpr, FAST: tl.constexpr):
+    """(low, high) nibble values * 2^-62 in `dtype` for the dot: inline PTX on the GPU for bf16."""
+    if FAST:
+        lo, hi = tl.inline_asm_elementwise(
+            _DEQUANT_PTX, "=r,=r,=r,=r,r,r", [packed, scale],
+            dtype=(tl.bfloat16, tl.bfloat16), is_pure=True, pack=4,
+        )
+        return lo, hi
+    else:
+        lo, hi = _dequant_pair(packed, scale)
+        return lo.to(dtype), hi.to(dtype)
+
+
 @triton.jit
 def _gate_up_kernel(
     x_ptr, w_ptr, s_ptr, b_ptr, act_ptr,  # x [T, K]; w [E, 2N, K/2]; s [E, 2N, K/32]; b [E, 2N]; act [P, N]
@@ -136,7 +191,7 @@ def _gate_up_kernel(
     num_slots, N, K, num_m_blocks, limit,
     stride_xm, stride_we, stride_wn, stride_se, stride_sn, stride_be, stride_am,
     TOP_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    EVEN_K: tl.constexpr, ALPHA: tl.constexpr, UNSCALE: tl.constexpr,
+    EVEN_K: tl.constexpr, ALPHA: tl.constexpr, UNSCALE: tl.constexpr, FAST: tl.constexpr,
 ):
     pid = tl.program_id(0)
     pid_m = pid % num_m_blocks  # M fastest: neighbouring programs share a weight tile (L2 reuse)
@@ -170,12 +225,12 @@ def _gate_up_kernel(
         wu = tl.load(wg_ptrs + N * stride_wn + k0 // 2, mask=w_mask, other=0)
         sg = tl.load(sg_ptrs + k0 // 32, mask=w_mask, other=0)
         su = tl.load(sg_ptrs + N * stride_sn + k0 // 32, mask=w_mask, other=0)
-        g_lo, g_hi = _dequant_pair(wg, sg)
-        u_lo, u_hi = _dequant_pair(wu, su)
-        acc_g = tl.dot(a_lo, tl.trans(g_lo.to(a_lo.dtype)), acc_g)
-        acc_g = tl.dot(a_hi, tl.trans(g_hi.to(a_lo.dtype)), acc_g)
-        acc_u = tl.dot(a_lo, tl.trans(u_lo.to(a_lo.dtype)), acc_u)
-        acc_u = tl.dot(a_hi, tl.trans(u_hi.to(a_lo.dtype)), acc_u)
+        g_lo, g_hi = _dequant(wg, sg, a_lo.dtype, FAST)
+        u_lo, u_hi = _dequant(wu, su, a_lo.dtype, FAST)
+        acc_g = tl.dot(a_lo, tl.trans(g_lo), acc_g)
+        acc_g = tl.dot(a_hi, tl.trans(g_hi), acc_g)
+        acc_u = tl.dot(a_lo, tl.trans(u_lo), acc_u)
+        acc_u = tl.dot(a_hi, tl.trans(u_hi), acc_u)
     acc_g = acc_g * UNSCALE
     acc_u = acc_u * UNSCALE
     bg = tl.load(b_ptr + expert * stride_be + cols, mask=col_ok, other=0.0)
@@ -194,7 +249,7 @@ def _down_kernel(
     num_slots, N, K, num_m_blocks,
     stride_am, stride_we, stride_wn, stride_se, stride_sn, stride_be, stride_ym,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
-    UNSCALE: tl.constexpr,
+    UNSCALE: tl.constexpr, FAST: tl.constexpr,
 ):
     pid = tl.program_id(0)
     pid_m = pid % num_m_blocks
@@ -223,9 +278,9 @@ def _down_kernel(
         w_mask = col_ok[:, None] & k_ok[None, :]
         w = tl.load(w_ptrs + k0 // 2, mask=w_mask, other=0)
         s = tl.load(s_ptrs + k0 // 32, mask=w_mask, other=0)
-        w_lo, w_hi = _dequant_pair(w, s)
-        acc = tl.dot(a_lo, tl.trans(w_lo.to(a_lo.dtype)), acc)
-        acc = tl.dot(a_hi, tl.trans(w_hi.to(a_lo.dtype)), acc)
+        w_lo, w_hi = _dequant(w, s, a_lo.dtype, FAST)
+        acc = tl.dot(a_lo, tl.trans(w_lo), acc)
+        acc = tl.dot(a_hi, tl.trans(w_hi), acc)
     bias = tl.load(b_ptr + expert * stride_be + cols, mask=col_ok, other=0.0)
     gate_w = tl.load(topk_w_ptr + slot, mask=row_ok, other=0.0).to(tl.float32)
     out = (acc * UNSCALE + bias[None, :]) * gate_w[:, None]
@@ -240,12 +295,15 @@ def fused_moe_triton(
     prepared: PreparedExperts,
     swiglu_limit: float,
     config: MoEConfig | None = None,
+    fast_dequant: bool | None = None,
 ) -> torch.Tensor:
     """x [T, H] -> [T, H]; same function as moe_reference. Host-sync free, CUDA-graph capturable."""
     num_tokens, hidden = x.shape
     top_k = topk_ids.shape[1]
     inter = prepared.intermediate
     cfg = config or pick_config(num_tokens)
+    # Inline PTX needs a real GPU (not TRITON_INTERPRET) and bf16 activations.
+    fast = (x.is_cuda and x.dtype == torch.bfloat16) if fast_dequant is None else fast_dequant
     x = x.contiguous()
     topk_w = topk_weights.reshape(-1).contiguous()  # [T*k]
     plan: RoutingPlan = align_tokens(topk_ids, prepared.num_experts, cfg.block_m)
@@ -259,7 +317,7 @@ def fused_moe_triton(
         num_tokens * top_k, inter, hidden, mb, float(swiglu_limit),
         x.stride(0), w1.stride(0), w1.stride(1), s1.stride(0), s1.stride(1), b1.stride(0), act.stride(0),
         TOP_K=top_k, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n1, BLOCK_K=cfg.block_k1,
-        EVEN_K=hidden % cfg.block_k1 == 0, ALPHA=SWIGLU_ALPHA, UNSCALE=UNSCALE,
+        EVEN_K=hidden % cfg.block_k1 == 0, ALPHA=SWIGLU_ALPHA, UNSCALE=UNSCALE, FAST=fast,
         num_warps=cfg.warps1, num_stages=cfg.stages1,
     )
     _down_kernel[(mb * triton.cdiv(hidden, cfg.block_n2),)](
@@ -267,7 +325,7 @@ def fused_moe_triton(
         num_tokens * top_k, hidden, inter, mb,
         act.stride(0), w2.stride(0), w2.stride(1), s2.stride(0), s2.stride(1), b2.stride(0), y.stride(0),
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n2, BLOCK_K=cfg.block_k2,
-        EVEN_K=inter % cfg.block_k2 == 0, UNSCALE=UNSCALE,
+        EVEN_K=inter % cfg.block_k2 == 0, UNSCALE=UNSCALE, FAST=fast,
         num_warps=cfg.warps2, num_stages=cfg.stages2,
     )
     return y.view(num_tokens, top_k, hidden).sum(dim=1)

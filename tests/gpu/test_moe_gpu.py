@@ -44,6 +44,15 @@ def test_matches_float32_reference(layer, num_tokens: int, mode: str) -> None:
     assert _rel_err(out, ref) < 1e-2
 
 
+def test_portable_dequant_path(layer) -> None:
+    """The pure-Triton dequantiser (what TRITON_INTERPRET runs) also holds at real shapes."""
+    experts, prepared = layer
+    x = torch.randn(7, HIDDEN, device="cuda").bfloat16()
+    weights, ids = random_routing(7, EXPERTS, TOP_K, device="cuda")
+    ref = moe_reference(x.float(), weights, ids, experts, LIMIT)
+    assert _rel_err(fused_moe_triton(x, weights, ids, prepared, LIMIT, fast_dequant=False), ref) < 1e-2
+
+
 def test_cuda_graph_replay(layer) -> None:
     """The decode path captures into a CUDA graph (no host sync) and replays on fresh inputs."""
     experts, prepared = layer
