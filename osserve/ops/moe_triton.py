@@ -133,7 +133,7 @@ def _dequant_pair(packed, scale):
 # Same function as _dequant_pair but on packed registers, straight to bf16 (sm_90: mul.rn.bf16x2):
 # 4 bytes -> 4 low + 4 high values in ~4 instructions per value instead of ~12 (the decode GEMV
 # is bound by this arithmetic, not by memory). $4 = 4 weight bytes, $5 = their 4 scale bytes.
-_DEQUANT_PTX = """{
+_DEQUANT_PTX = tl.constexpr("""{
 .reg .b32 t0, t1, s0, s1, u, v;
 prmt.b32 t0, $4, 0, 0x4140;
 prmt.b32 t1, $4, 0, 0x4342;
@@ -167,7 +167,7 @@ shl.b32 v, t1, 8;
 and.b32 v, v, 0x80008000;
 or.b32 u, u, v;
 mul.rn.bf16x2 $3, u, s1;
-}"""
+}""")
 
 
 @triton.jit
