@@ -131,8 +131,9 @@ def _dequant_pair(packed, scale):
 
 
 # Same function as _dequant_pair but on packed registers, straight to bf16 (sm_90: mul.rn.bf16x2):
-# 4 bytes -> 4 low + 4 high values in ~4 instructions per value instead of ~12 (the decode GEMV
-# is bound by this arithmetic, not by memory). $4 = 4 weight bytes, $5 = their 4 scale bytes.
+# 4 bytes -> 4 low + 4 high values in ~4 instructions per value instead of ~12. Correct on the H100,
+# but measured SLOWER (T=1: 142 vs 109 us; T=2048: 3.7 vs 3.2 ms), so it is opt-in
+# (fast_dequant=True) until we know why (NOTES-moe.md). $4 = 4 weight bytes, $5 = their scales.
 _DEQUANT_PTX = tl.constexpr("""{
 .reg .b32 t0, t1, s0, s1, u, v;
 prmt.b32 t0, $4, 0, 0x4140;
@@ -295,15 +296,15 @@ def fused_moe_triton(
     prepared: PreparedExperts,
     swiglu_limit: float,
     config: MoEConfig | None = None,
-    fast_dequant: bool | None = None,
+    fast_dequant: bool = False,
 ) -> torch.Tensor:
     """x [T, H] -> [T, H]; same function as moe_reference. Host-sync free, CUDA-graph capturable."""
     num_tokens, hidden = x.shape
     top_k = topk_ids.shape[1]
     inter = prepared.intermediate
     cfg = config or pick_config(num_tokens)
-    # Inline PTX needs a real GPU (not TRITON_INTERPRET) and bf16 activations.
-    fast = (x.is_cuda and x.dtype == torch.bfloat16) if fast_dequant is None else fast_dequant
+    # Inline PTX needs a real GPU (not TRITON_INTERPRET) and bf16 activations; off by default (slower).
+    fast = bool(fast_dequant) and x.is_cuda and x.dtype == torch.bfloat16
     x = x.contiguous()
     topk_w = topk_weights.reshape(-1).contiguous()  # [T*k]
     plan: RoutingPlan = align_tokens(topk_ids, prepared.num_experts, cfg.block_m)
