@@ -90,6 +90,11 @@ def build_engine(args: EngineArgs) -> LLMEngine:
         model = build_model(cfg, device, dtype)
         load_weights(model, model_dir, show_progress=device.type == "cuda")
     weights_bytes = sum(t.numel() * t.element_size() for t in model.state_dict().values())
+    if device.type == "cuda":
+        # Keep the checkpoint-layout experts beside the kernel's layout (for the dense prefill
+        # path) only when both fit comfortably: the 20b yes, the 120b on one 80 GB GPU no.
+        total = torch.cuda.get_device_properties(device).total_memory
+        model.prepare_experts(keep_original=2 * weights_bytes < 0.6 * total)
 
     max_model_len = args.max_model_len or min(cfg.max_position_embeddings, 8192 if device.type == "cpu" else 32768)
     sched = SchedulerConfig(

@@ -11,12 +11,17 @@ CUDA graphs are applied by the runner, not here.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 from torch import nn
 
 from osserve.config import ModelConfig
 from osserve.ops.attention import AttentionMetadata, paged_attention
 from osserve.ops.moe import ExpertWeights, fused_moe
+
+if TYPE_CHECKING:
+    from osserve.ops.moe_triton import PreparedExperts
 from osserve.ops.norm import add_rms_norm, rms_norm
 from osserve.ops.rope import rope_and_cache, rope_cos_sin, yarn_inv_freq
 from osserve.ops.router import route
@@ -88,9 +93,10 @@ class Experts(nn.Module):
         # Dense copies when the runner dequantises once at load (or a demo model trains).
         self.gate_up_dense: torch.Tensor | None = None
         self.down_dense: torch.Tensor | None = None
+        self.prepared: PreparedExperts | None = None  # the fused kernel's layout (GPU, at load)
 
     def weights(self) -> ExpertWeights:
-        dense = self.gate_up_dense is not None
+        dense = self.gate_up_dense is not None or self.gate_up_proj_blocks.numel() == 0
         return ExpertWeights(
             gate_up_blocks=None if dense else self.gate_up_proj_blocks,
             gate_up_scales=None if dense else self.gate_up_proj_scales,
@@ -100,6 +106,7 @@ class Experts(nn.Module):
             down_bias=self.down_proj_bias,
             gate_up_dense=self.gate_up_dense,
             down_dense=self.down_dense,
+            prepared=self.prepared,
         )
 
 
@@ -185,6 +192,20 @@ class GptOssForCausalLM(nn.Module):
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden [N, hidden] -> logits [N, vocab] in float32."""
         return self.lm_head(hidden).float()
+
+    def prepare_experts(self, keep_original: bool) -> None:
+        """Give every layer's experts the fused kernel's layout (once, at load, on the GPU).
+        Without keep_original the checkpoint-layout tensors are freed (the 120b cannot hold
+        both); the reference and dense-prefill paths then have no weights to read."""
+        from osserve.ops.moe_triton import prepare_mxfp4_experts
+
+        for layer in self.model.layers:
+            ex = layer.mlp.experts
+            ex.prepared = prepare_mxfp4_experts(ex.weights())
+            if not keep_original:
+                empty = torch.empty(0, dtype=torch.uint8, device=ex.gate_up_proj_blocks.device)
+                ex.gate_up_proj_blocks = ex.gate_up_proj_scales = empty
+                ex.down_proj_blocks = ex.down_proj_scales = empty
 
     def dequantize_experts(self, dtype: torch.dtype) -> None:
         """Replace every layer's MXFP4 experts by dense copies (freeing the 4-bit tensors)."""

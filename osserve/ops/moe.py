@@ -8,17 +8,19 @@ This file is the specification (plain PyTorch); fast paths implement the same fu
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
 from osserve.ops.dispatch import use_triton
 from osserve.ops.mxfp4 import dequantize_mxfp4
 
+if TYPE_CHECKING:
+    from osserve.ops.moe_triton import PreparedExperts
+
 SWIGLU_ALPHA = 1.702
 # Above this many tokens (prefill) experts are dequantised once per forward and run on cuBLAS.
 PREFILL_DENSE_MIN_TOKENS = 512
-# Up to this many tokens (decode) each (token, expert) pair streams its expert's 4-bit weights.
-GEMV_MAX_TOKENS = 64
 
 
 @dataclass
@@ -33,6 +35,7 @@ class ExpertWeights:
     down_bias: torch.Tensor  # [E, H]
     gate_up_dense: torch.Tensor | None = None  # [E, 2I, H], when dequantised once at load
     down_dense: torch.Tensor | None = None  # [E, H, I]
+    prepared: PreparedExperts | None = None  # the Triton kernel's layout, set once at load (prepare())
 
     @property
     def num_experts(self) -> int:
@@ -49,6 +52,18 @@ class ExpertWeights:
             return self.down_dense.to(dtype)
         assert self.down_blocks is not None and self.down_scales is not None
         return dequantize_mxfp4(self.down_blocks, self.down_scales, dtype)
+
+    def prepare(self, keep_original: bool = False) -> None:
+        """Build the fused Triton kernel's layout once (at load, on the GPU).
+
+        Drops the checkpoint-layout MXFP4 tensors unless asked (the layout is the same size: keeping
+        both doubles expert memory, which 120b cannot afford); the reference path then needs them back.
+        """
+        from osserve.ops.moe_triton import prepare_mxfp4_experts
+
+        self.prepared = prepare_mxfp4_experts(self)
+        if not keep_original:
+            self.gate_up_blocks = self.gate_up_scales = self.down_blocks = self.down_scales = None
 
     def dequantize_in_place(self, dtype: torch.dtype) -> None:
         """Keep dense copies (and drop the MXFP4 tensors): the simple fast path on GPU."""
@@ -93,13 +108,17 @@ def fused_moe(
     experts: ExpertWeights,
     swiglu_limit: float,
 ) -> torch.Tensor:
-    """Dispatch: the fused MXFP4 Triton kernels on CUDA, the reference elsewhere."""
-    if use_triton(x) and experts.gate_up_blocks is not None:
-        from osserve.ops import moe_triton
+    """Dispatch on CUDA: prefill-size batches (when the checkpoint-layout MXFP4 tensors were kept)
+    dequantise each expert once and use cuBLAS; everything else, and all CUDA-graph captures,
+    the fused 4-bit kernel once `experts.prepare()` ran. Elsewhere: the reference."""
+    if use_triton(x):
+        dense_ok = experts.gate_up_blocks is not None and not torch.cuda.is_current_stream_capturing()
+        if dense_ok and x.shape[0] > PREFILL_DENSE_MIN_TOKENS:
+            from osserve.ops.moe_dense import moe_prefill_dense
 
-        if x.shape[0] > PREFILL_DENSE_MIN_TOKENS and not torch.cuda.is_current_stream_capturing():
-            return moe_triton.moe_prefill_dense(x, topk_weights, topk_ids, experts, swiglu_limit)
-        if x.shape[0] <= GEMV_MAX_TOKENS:
-            return moe_triton.fused_moe_gemv(x, topk_weights, topk_ids, experts, swiglu_limit)
-        return moe_triton.fused_moe_triton(x, topk_weights, topk_ids, experts, swiglu_limit)
+            return moe_prefill_dense(x, topk_weights, topk_ids, experts, swiglu_limit)
+        if experts.prepared is not None:
+            from osserve.ops.moe_triton import fused_moe_triton
+
+            return fused_moe_triton(x, topk_weights, topk_ids, experts.prepared, swiglu_limit)
     return moe_reference(x, topk_weights, topk_ids, experts, swiglu_limit)

@@ -1,0 +1,105 @@
+"""Routing -> expert-sorted, BLOCK_M-padded row order for the grouped MoE GEMMs.
+
+Each (token, slot) pair of `topk_ids [T, k]` is a "slot" s = t*k + j. The plan lists the slots
+grouped by expert, each expert's segment padded up to a multiple of BLOCK_M with the sentinel
+value T*k, so that every BLOCK_M-row tile of the GEMMs belongs to exactly one expert.
+
+Everything happens in one single-program Triton launch on the device: a histogram over
+experts, an exclusive cumsum of the padded counts, then a stable scatter. No host sync and
+buffer sizes depend only on (T, k, E, BLOCK_M), so the decode path is CUDA-graph capturable.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+_empty = torch.empty  # one seam for tests to poison fresh buffers
+
+
+@dataclass
+class RoutingPlan:
+    sorted_slots: torch.Tensor  # [max_padded] int32: slot ids grouped by expert; T*k marks padding
+    block_expert: torch.Tensor  # [max_blocks] int32: the expert of each BLOCK_M tile; -1 past the end
+    num_padded: torch.Tensor  # [1] int32: rows in use (sum of padded segments), read on device
+    max_blocks: int  # upper bound on the tiles in use: the GEMM grid's M extent
+    block_m: int
+
+
+def max_padded_rows(num_slots: int, num_experts: int, block_m: int) -> int:
+    """Upper bound on the padded rows: at most min(slots, E) experts are hit, each wasting < BLOCK_M."""
+    return num_slots + min(num_slots, num_experts) * (block_m - 1)
+
+
+@triton.jit
+def _align_kernel(
+    ids_ptr,  # [M] int32 expert id of each slot
+    sorted_ptr,  # [max_padded] int32 out
+    block_expert_ptr,  # [max_blocks] int32 out
+    num_padded_ptr,  # [1] int32 out
+    M,
+    max_padded,
+    max_blocks,
+    BLOCK_M: tl.constexpr,
+    E_P2: tl.constexpr,  # num_experts rounded up to a power of two
+    CHUNK: tl.constexpr,
+):
+    experts = tl.arange(0, E_P2)
+    # Pass 1: histogram over experts, CHUNK slots at a time (one-hot [CHUNK, E_P2] summed).
+    counts = tl.zeros([E_P2], dtype=tl.int32)
+    for start in range(0, M, CHUNK):
+        offs = start + tl.arange(0, CHUNK)
+        ids = tl.load(ids_ptr + offs, mask=offs < M, other=-1)
+        counts += tl.sum((ids[:, None] == experts[None, :]).to(tl.int32), axis=0)
+    padded = (counts + BLOCK_M - 1) // BLOCK_M * BLOCK_M
+    ends = tl.cumsum(padded, axis=0)  # [E_P2] inclusive
+    starts = ends - padded
+    total = tl.sum(padded, axis=0)
+    tl.store(num_padded_ptr, total)
+
+    # The expert of each tile: the number of segments that end at or before its first row.
+    for start in range(0, max_blocks, CHUNK):
+        blocks = start + tl.arange(0, CHUNK)
+        row = blocks * BLOCK_M
+        e = tl.sum((ends[None, :] <= row[:, None]).to(tl.int32), axis=1)
+        e = tl.where(row < total, e, -1)
+        tl.store(block_expert_ptr + blocks, e, mask=blocks < max_blocks)
+
+    # Padding rows point at the sentinel M; real slots overwrite theirs below.
+    for start in range(0, max_padded, CHUNK):
+        offs = start + tl.arange(0, CHUNK)
+        tl.store(sorted_ptr + offs, tl.zeros([CHUNK], dtype=tl.int32) + M, mask=offs < max_padded)
+    tl.debug_barrier()  # the sentinel stores must land before the scatter (same program, other threads)
+
+    # Pass 2: stable scatter. A slot's row = its expert's start + earlier slots of that expert.
+    running = starts
+    for start in range(0, M, CHUNK):
+        offs = start + tl.arange(0, CHUNK)
+        ids = tl.load(ids_ptr + offs, mask=offs < M, other=-1)
+        onehot = (ids[:, None] == experts[None, :]).to(tl.int32)  # [CHUNK, E_P2]
+        before = tl.cumsum(onehot, axis=0) - onehot + running[None, :]
+        dest = tl.sum(onehot * before, axis=1)
+        tl.store(sorted_ptr + dest, offs, mask=offs < M)
+        running += tl.sum(onehot, axis=0)
+
+
+def align_tokens(topk_ids: torch.Tensor, num_experts: int, block_m: int) -> RoutingPlan:
+    """topk_ids [T, k] -> RoutingPlan (one kernel launch, no host sync)."""
+    num_slots = topk_ids.numel()
+    max_padded = max_padded_rows(num_slots, num_experts, block_m)
+    max_blocks = triton.cdiv(max_padded, block_m)
+    device = topk_ids.device
+    ids = topk_ids.reshape(-1).to(torch.int32)
+    sorted_slots = _empty(max_padded, dtype=torch.int32, device=device)
+    block_expert = _empty(max_blocks, dtype=torch.int32, device=device)
+    num_padded = _empty(1, dtype=torch.int32, device=device)
+    e_p2 = triton.next_power_of_2(num_experts)
+    chunk = max(16, min(triton.next_power_of_2(num_slots), 8192 // e_p2))  # one-hot tile <= 8K ints
+    _align_kernel[(1,)](
+        ids, sorted_slots, block_expert, num_padded, num_slots, max_padded, max_blocks,
+        BLOCK_M=block_m, E_P2=e_p2, CHUNK=chunk, num_warps=4,
+    )
+    return RoutingPlan(sorted_slots, block_expert, num_padded, max_blocks, block_m)
