@@ -67,12 +67,14 @@ def moe_bandwidth(name: str) -> dict[str, float]:
     import triton
 
     from osserve.ops.moe import fused_moe
-    from tests.ops.test_moe_triton import random_experts
+    from tests.ops.moe_fixtures import random_experts
 
     cfg = preset(name)
-    g = torch.Generator().manual_seed(0)
-    layers = [random_experts(cfg.num_local_experts, cfg.hidden_size, cfg.intermediate_size, g, "cuda")
+    torch.manual_seed(0)
+    layers = [random_experts(cfg.num_local_experts, cfg.hidden_size, cfg.intermediate_size, "cuda")
               for _ in range(4)]  # rotate 4 layers' weights so L2 does not hold them
+    for ex in layers:
+        ex.prepare(keep_original=False)
     per_expert = 3 * cfg.hidden_size * cfg.intermediate_size * (0.5 + 1 / 32)
     out = {}
     for t in (1, 32):
