@@ -44,7 +44,8 @@ def add_bench_serve_parser(sub: Any) -> None:
     p.add_argument("--api-key", default=None)
     p.add_argument("--output-json", default=None)
     p.add_argument("--plot", default=None, help="PNG path")
-    p.add_argument("--sweep", default=None, help="comma-separated concurrencies, e.g. 1,8,32,128,256")
+    p.add_argument("--sweep", default=None, help="comma-separated concurrencies, e.g. 1,8,32,128,256 "
+                   "(each level sends min(--num-requests, max(16, 4 x concurrency)) requests)")
 
 
 def config_from_args(args: argparse.Namespace) -> LoadConfig:
@@ -90,7 +91,10 @@ def run_bench_serve(args: argparse.Namespace) -> int:
     runs = []
     try:
         for c in levels:
-            runs.append(run_one(replace(base, concurrency=c), console))
+            # A sweep sends 4 requests per concurrency slot (at least 16, at most --num-requests),
+            # so low concurrencies finish in reasonable time and high ones reach steady state.
+            n = min(base.num_requests, max(16, 4 * c)) if args.sweep else base.num_requests
+            runs.append(run_one(replace(base, concurrency=c, num_requests=n), console))
     except KeyboardInterrupt:
         console.print("[yellow]interrupted: writing what was measured[/yellow]")
     if args.output_json:
