@@ -171,8 +171,18 @@ class HarmonyStreamParser:
                 self.header, self.state = [], _State.EXPECT_START
             else:
                 self.header.append(t)
-                if len(self.header) > MAX_HEADER_TOKENS:
+                if len(self.header) > MAX_HEADER_TOKENS or not self._header_plausible():
                     self._header_as_text(out)
+
+    def _header_plausible(self) -> bool:
+        """Can the tokens so far still begin an assistant header (`[assistant][ to=X]<|channel|>...`)?
+        Checked as they arrive, so output that is plainly not harmony (random weights, a model
+        ignoring the format) streams as text at once instead of waiting out MAX_HEADER_TOKENS."""
+        text = self.tok.decode(self.header).lstrip()
+        text = text.removeprefix("assistant").lstrip()
+        if not text:
+            return True
+        return any(text.startswith(p) or p.startswith(text) for p in ("<|channel|>", "to=", "<|constrain|>"))
 
     def _open_message(self, out: list[Delta]) -> None:
         raw = self.tok.decode(self.header)  # special tokens decode to their own text: <|channel|>

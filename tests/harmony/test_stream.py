@@ -65,3 +65,14 @@ def test_fuzz_random_sequences_never_raise_or_leak_special_tokens() -> None:
         assert "<|" not in shown
         assert all(isinstance(d, ContentDelta | ReasoningDelta | ToolCallStart | ToolCallArgsDelta)
                    for d in deltas)
+
+
+def test_non_harmony_output_streams_as_text_at_once() -> None:
+    p = HarmonyStreamParser()
+    first = p.push(toks("Hello"))
+    assert first == [ContentDelta("Hello")]
+    assert p.push(toks(" world")) == [ContentDelta(" world")]
+    # A real header is still waited for, token by token.
+    q = HarmonyStreamParser()
+    assert q.push(toks("<|channel|>")) == [] and q.push(toks("final")) == []
+    assert q.push(toks("<|message|>Hi")) == [ContentDelta("Hi")]
