@@ -13,12 +13,13 @@ from __future__ import annotations
 
 import argparse
 import gc
+import logging
 import json
 from collections import defaultdict
 
 import torch
 
-from osserve.bench.latency import run_once
+from osserve.bench.latency import LatencyResult, run_once
 from osserve.config import preset
 from osserve.engine.load import EngineArgs, build_engine
 
@@ -92,21 +93,27 @@ def moe_bandwidth(name: str) -> dict[str, float]:
 
 
 def main() -> None:
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
     ap = argparse.ArgumentParser()
     ap.add_argument("--presets", default="20b")
     ap.add_argument("--out", default=None)
     ap.add_argument("--output-len", type=int, default=512)
+    ap.add_argument("--gpu-memory-utilization", type=float, default=0.90)
+    ap.add_argument("--skip", default="", help="comma list of: b32,prefill,profile,moe")
     args = ap.parse_args()
     rows, results = [], {}
     for name in args.presets.split(","):
         engine = build_engine(EngineArgs(load_format="dummy", preset=name, max_model_len=8192, max_num_seqs=64,
-                                         max_num_batched_tokens=16384))
+                                         max_num_batched_tokens=16384,
+                                         gpu_memory_utilization=args.gpu_memory_utilization))
+        skip = set(args.skip.split(","))
+        empty = LatencyResult(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, None)
         run_once(engine, 1, 128, 16, seed=99)  # warm-up: compile every kernel
         b1 = run_once(engine, 1, 1024, args.output_len, seed=1)
-        b32 = run_once(engine, 32, 1024, args.output_len, seed=2)
-        pre = run_once(engine, 8, 2048, 2, seed=3)
-        breakdown = profile_decode_step(engine)
-        moe = moe_bandwidth(name)
+        b32 = empty if "b32" in skip else run_once(engine, 32, 1024, args.output_len, seed=2)
+        pre = empty if "prefill" in skip else run_once(engine, 8, 2048, 2, seed=3)
+        breakdown = {} if "profile" in skip else profile_decode_step(engine)
+        moe = {"b1_us": 0.0, "b1_GBps": 0.0, "b32_GBps": 0.0} if "moe" in skip else moe_bandwidth(name)
         need = bytes_per_decode_token(name, 1024 + args.output_len // 2)
         bw = need / (b1.tpot_median_ms / 1000) / 1e12
         results[name] = {"batch1": vars(b1), "batch32": vars(b32), "prefill_8x2048": vars(pre),

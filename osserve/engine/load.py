@@ -24,6 +24,10 @@ from osserve.tokenizer import load_tokenizer
 log = logging.getLogger("osserve")
 
 DEFAULT_CPU_KV_GB = 1.0
+# Kept free on the GPU for the largest step's activations and the CUDA graphs' pool: at
+# max_num_batched_tokens 8192 the MoE's fp32 partial sums are 8192x4x2880x4 B = 0.38 GB, and
+# logits are computed only for sampled rows (at most max_num_seqs x 201088 x 4 B = 0.2 GB).
+WORKSPACE_BYTES = 3 * 2**30
 
 
 @dataclass
@@ -113,12 +117,17 @@ def build_engine(args: EngineArgs) -> LLMEngine:
     kv = KVCacheManager(block_size=plan.block_size, num_blocks=plan.num_blocks, groups=groups,
                         enable_prefix_caching=cache.enable_prefix_caching)
     runner = ModelRunner(model, kv_tensors, plan.block_size, device)
+    graphs_bytes = 0
     if device.type == "cuda" and not args.enforce_eager:
+        before = torch.cuda.memory_reserved(device)
         runner.capture_decode_graphs(list(plan.num_blocks), max_model_len, sched.max_num_seqs)
+        graphs_bytes = torch.cuda.memory_reserved(device) - before
     log.info(
-        "memory plan: weights %.2f GiB, KV cache %.2f GiB (%s blocks of %d tokens), dtype %s, %s",
+        "memory plan: weights %.2f GiB, KV cache %.2f GiB (%s blocks of %d tokens: %d full-attention "
+        "tokens), CUDA graphs + activations %.2f GiB, workspace kept free %.2f GiB; dtype %s, %s",
         weights_bytes / 2**30, plan.total_bytes / 2**30, plan.num_blocks, plan.block_size,
-        dtype, device,
+        plan.max_tokens_per_request(), graphs_bytes / 2**30, WORKSPACE_BYTES / 2**30 if device.type == "cuda"
+        else 0.0, dtype, device,
     )
     return LLMEngine(EngineParts(cfg, cache, sched, runner, kv, load_tokenizer()))
 
@@ -131,8 +140,4 @@ def kv_budget_bytes(cache: CacheConfig, device: torch.device) -> int:
         return int(DEFAULT_CPU_KV_GB * 2**30)
     free, total = torch.cuda.mem_get_info(device)
     used = total - free
-    # Keep a workspace for activations of the largest step (and CUDA graphs): 4 GiB is ample at
-    # max_num_batched_tokens 8192 for the 20b/120b shapes (logits 8192x201088 fp32 alone: 6.6 GB
-    # if all rows were sampled; only sampled rows are, at most max_num_seqs).
-    workspace = 4 * 2**30
-    return max(0, int(total * cache.gpu_memory_utilization) - used - workspace)
+    return max(0, int(total * cache.gpu_memory_utilization) - used - WORKSPACE_BYTES)
