@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import argparse
 import gc
-import logging
 import json
+import logging
 from collections import defaultdict
 
 import torch
