@@ -99,6 +99,9 @@ def build_engine(args: EngineArgs) -> LLMEngine:
         # path) only when both fit comfortably: the 20b yes, the 120b on one 80 GB GPU no.
         total = torch.cuda.get_device_properties(device).total_memory
         model.prepare_experts(keep_original=2 * weights_bytes < 0.6 * total)
+        # Hand the freed checkpoint-layout tensors and load temporaries back to the driver, so the
+        # KV budget below (read from the driver's free memory) sees them as free.
+        torch.cuda.empty_cache()
 
     max_model_len = args.max_model_len or min(cfg.max_position_embeddings, 8192 if device.type == "cpu" else 32768)
     sched = SchedulerConfig(
