@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # The serving stress test on the lent GPU: starts `osserve serve` with random weights of the real
 # shapes, runs the field's published workload with `osserve bench serve`, then a concurrency sweep.
-#   bash benchmarks/serve_bench.sh PRESET MAX_TOKENS [NUM_REQUESTS]     (carry .whl)
+#   [GPU_UTIL=0.97] [MAX_SEQS=256] [SWEEP=0] bash benchmarks/serve_bench.sh PRESET MAX_TOKENS [NUM_REQUESTS]  (carry .whl)
 set -u
 PRESET=${1:-20b}; MAX_TOKENS=${2:-256}; N=${3:-2000}
 source benchmarks/gpu_env.sh
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-python3 -m osserve.cli serve --load-format dummy --preset "$PRESET" --port 8000 --max-num-seqs 256 \
-    --max-model-len 4096 --max-num-batched-tokens 8192 > "$OUT/server-$PRESET.log" 2>&1 &
+python3 -m osserve.cli serve --load-format dummy --preset "$PRESET" --port 8000 --max-num-seqs "${MAX_SEQS:-256}" \
+    --max-model-len 4096 --max-num-batched-tokens 8192 --gpu-memory-utilization "${GPU_UTIL:-0.90}" \
+    > "$OUT/server-$PRESET.log" 2>&1 &
 SERVER=$!
 for _ in $(seq 1 300); do
     curl -sf http://127.0.0.1:8000/health >/dev/null && break
