@@ -10,6 +10,8 @@ from osserve.engine.engine import LLMEngine
 from osserve.engine.load import EngineArgs, build_engine
 from osserve.engine.outputs import RequestOutput, TokenLogprob
 from osserve.engine.sampling_params import SamplingParams
+from osserve.harmony.render import ChatMessage, Effort, FunctionTool, render_chat
+from osserve.harmony.stream import ParsedOutput, parse_completion
 
 
 class LLM:
@@ -38,15 +40,13 @@ class LLM:
         return self._run(order)
 
     def chat(
-        self, messages: list[dict[str, Any]], params: SamplingParams | None = None,
-        reasoning_effort: str = "medium", tools: list[dict[str, Any]] | None = None,
-    ) -> RequestOutput:
-        """One harmony conversation; the output's text is the raw harmony completion (parse it
-        with osserve.harmony.stream.parse_completion for reasoning / final / tool calls)."""
-        from osserve.harmony.render import render_openai_chat
-
-        ids = render_openai_chat(messages, tools=tools, reasoning_effort=reasoning_effort).token_ids
-        return self.generate([ids], params)[0]
+        self, messages: list[ChatMessage], params: SamplingParams | None = None,
+        reasoning_effort: Effort = "medium", tools: list[FunctionTool] | None = None,
+    ) -> tuple[RequestOutput, ParsedOutput]:
+        """One harmony conversation: the raw output and its parse (reasoning, answer, tool calls)."""
+        prompt = render_chat(messages, tools=tools, reasoning_effort=reasoning_effort)
+        out = self.generate([prompt.token_ids], params)[0]
+        return out, parse_completion(out.token_ids, prompt.prefill_token_ids)
 
     def _run(self, order: list[str]) -> list[RequestOutput]:
         prompts = {rid: self.engine.requests[rid].prompt_token_ids for rid in order}

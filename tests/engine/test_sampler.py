@@ -1,0 +1,87 @@
+"""The batched sampler's pieces against hand computations (no model)."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from osserve.engine.sampler import Sampler, SamplingBatch, apply_min_p, apply_penalties, apply_top_k_top_p
+from osserve.engine.sampling_params import SamplingParams
+
+V = 8
+
+
+def batch(params: list[SamplingParams], outputs: list[list[int]] | None = None, prompts=None, gens=None):  # type: ignore[no-untyped-def]
+    outputs = outputs or [[] for _ in params]
+    prompts = prompts or [[0] for _ in params]
+    return SamplingBatch.build(params, prompts, outputs, gens or [None] * len(params), torch.device("cpu"), V)
+
+
+def test_greedy_is_argmax_and_top_k_1_is_greedy() -> None:
+    logits = torch.randn(5, V)
+    out = Sampler().sample(logits, batch([SamplingParams(temperature=0)] * 5))
+    assert torch.equal(out.token_ids, logits.argmax(-1))
+    out = Sampler().sample(logits, batch([SamplingParams(temperature=1.0, top_k=1)] * 5))
+    assert torch.equal(out.token_ids, logits.argmax(-1))
+
+
+def test_top_p_keeps_the_smallest_nucleus() -> None:
+    probs = torch.tensor([[0.5, 0.3, 0.1, 0.05, 0.05, 0, 0, 0]]) + 1e-9
+    masked = apply_top_k_top_p(probs.log(), None, torch.tensor([0.75]))
+    assert torch.isfinite(masked[0, :2]).all() and torch.isinf(masked[0, 2:]).all()
+    masked = apply_top_k_top_p(probs.log(), torch.tensor([3]), torch.tensor([1.0]))
+    assert torch.isfinite(masked[0, :3]).all() and torch.isinf(masked[0, 3:]).all()
+
+
+def test_min_p() -> None:
+    logits = torch.tensor([[math.log(0.5), math.log(0.3), math.log(0.04), math.log(0.16)] + [-1e9] * 4])
+    kept = torch.isfinite(apply_min_p(logits, torch.tensor([0.1])))[0, :4].tolist()
+    assert kept == [True, True, False, True]  # threshold 0.05
+
+
+def test_penalties_by_hand() -> None:
+    p = SamplingParams(repetition_penalty=2.0, frequency_penalty=0.5, presence_penalty=0.25)
+    b = batch([p], outputs=[[1, 1, 2]], prompts=[[3]])
+    logits = torch.tensor([[1.0, 2.0, -1.0, 4.0, 1.0, 0, 0, 0]])
+    got = apply_penalties(logits, b)[0].tolist()
+    # token 1: seen → 2/2 = 1, count 2 → 1 - 0.5*2 - 0.25 = -0.25; token 2: seen, negative → -2,
+    # count 1 → -2 - 0.5 - 0.25 = -2.75; token 3: prompt only → 4/2 = 2, no count; others unchanged.
+    assert got[:5] == [1.0, -0.25, -2.75, 2.0, 1.0]
+
+
+def test_temperature_sampling_follows_the_distribution() -> None:
+    torch.manual_seed(0)
+    probs = torch.tensor([0.6, 0.3, 0.1] + [0.0] * 5)
+    logits = (probs + 1e-12).log().repeat(4000, 1)
+    out = Sampler().sample(logits, batch([SamplingParams(temperature=1.0)] * 4000)).token_ids
+    freq = torch.bincount(out, minlength=V).float() / 4000
+    assert (freq[:3] - probs[:3]).abs().max() < 0.03 and freq[3:].sum() == 0
+
+
+def test_seeded_rows_do_not_depend_on_the_batch() -> None:
+    logits = torch.randn(3, V)
+    seeded = SamplingParams(temperature=1.0, seed=7)
+    alone = Sampler().sample(logits[1:2], batch([seeded], gens=[torch.Generator().manual_seed(7)]))
+    mixed = Sampler().sample(logits, batch([SamplingParams(temperature=1.0), seeded, SamplingParams(temperature=0)],
+                                           gens=[None, torch.Generator().manual_seed(7), None]))
+    assert alone.token_ids[0] == mixed.token_ids[1]
+
+
+def test_min_tokens_masks_stop_ids_and_forced_tokens() -> None:
+    logits = torch.zeros(1, V)
+    logits[0, 5] = 10.0
+    p = SamplingParams(temperature=0, min_tokens=2, stop_token_ids=[5])
+    assert Sampler().sample(logits, batch([p], outputs=[[1]])).token_ids[0] != 5
+    assert Sampler().sample(logits, batch([p], outputs=[[1, 2]])).token_ids[0] == 5
+    f = SamplingParams(temperature=0, forced_token_ids=[3, 4])
+    assert Sampler().sample(logits, batch([f], outputs=[[3]])).token_ids[0] == 4
+    assert Sampler().sample(logits, batch([f], outputs=[[3, 4]])).token_ids[0] == 5
+
+
+def test_logprobs_are_the_raw_distribution() -> None:
+    logits = torch.randn(2, V)
+    out = Sampler().sample(logits, batch([SamplingParams(temperature=0, logprobs=3)] * 2))
+    ref = logits.log_softmax(-1)
+    assert torch.allclose(out.logprobs, ref.gather(1, out.token_ids[:, None])[:, 0])
+    assert out.top_logprobs is not None and torch.allclose(out.top_logprobs, ref.topk(3, -1).values)
