@@ -20,13 +20,9 @@ def layer_outputs(model, tokens: list[int]) -> list[torch.Tensor]:  # type: igno
     hooks = [layer.register_forward_hook(lambda m, i, o: outs.append(o[0].float() + o[1].float()))
              for layer in model.model.layers]
     cache = ContiguousCache(model, 1, len(tokens) + 1)
-    cache.kv = [(k.cuda(), v.cuda()) for k, v in cache.kv]
     ids, pos, meta = cache.step([0], [tokens])
-    meta.query_start_loc, meta.seq_lens = meta.query_start_loc.cuda(), meta.seq_lens.cuda()
-    for t in meta.groups.values():
-        t.block_tables, t.slot_mapping = t.block_tables.cuda(), t.slot_mapping.cuda()
     with torch.inference_mode():
-        model(ids.cuda(), pos.cuda(), meta, cache.kv)
+        model(ids, pos, meta, cache.kv)
     for h in hooks:
         h.remove()
     return outs

@@ -30,13 +30,9 @@ LENGTHS = (5, 130, 300, 17, 260, 64)
 
 def reference_logits(model, tokens: list[int]) -> torch.Tensor:  # type: ignore[no-untyped-def]
     cache = ContiguousCache(model, 1, len(tokens) + 1)
-    cache.kv = [(k.cuda(), v.cuda()) for k, v in cache.kv]
     ids, pos, meta = cache.step([0], [tokens])
-    meta.query_start_loc, meta.seq_lens = meta.query_start_loc.cuda(), meta.seq_lens.cuda()
-    for t in meta.groups.values():
-        t.block_tables, t.slot_mapping = t.block_tables.cuda(), t.slot_mapping.cuda()
     with reference_ops(), torch.inference_mode():
-        return model.compute_logits(model(ids.cuda(), pos.cuda(), meta, cache.kv))
+        return model.compute_logits(model(ids, pos, meta, cache.kv))
 
 
 def check(args: EngineArgs, steps: int, check_tokens: bool) -> None:

@@ -9,15 +9,17 @@ from osserve.ops.attention import AttentionMetadata, BlockTables
 
 
 class ContiguousCache:
-    def __init__(self, model: GptOssForCausalLM, num_seqs: int, max_len: int, block_size: int = 16):
+    def __init__(self, model: GptOssForCausalLM, num_seqs: int, max_len: int, block_size: int = 16) -> None:
         cfg = model.config
         self.block_size = block_size
         self.blocks_per_seq = -(-max_len // block_size)
         nb = num_seqs * self.blocks_per_seq
-        dtype = next(model.parameters()).dtype
+        param = next(model.parameters())
+        self.device = param.device  # everything lives where the model does
         shape = (nb, block_size, cfg.num_key_value_heads, cfg.head_dim)
         self.kv: list[KVCache] = [
-            (torch.zeros(shape, dtype=dtype), torch.zeros(shape, dtype=dtype))
+            (torch.zeros(shape, dtype=param.dtype, device=self.device),
+             torch.zeros(shape, dtype=param.dtype, device=self.device))
             for _ in range(cfg.num_hidden_layers)
         ]
         self.lens = [0] * num_seqs
@@ -39,13 +41,14 @@ class ContiguousCache:
             [[s * self.blocks_per_seq + k for k in range(self.blocks_per_seq)] for s in seq_ids],
             dtype=torch.int32,
         )
-        bt = BlockTables(tables, torch.tensor(slots, dtype=torch.int64))
-        qsl = torch.tensor([0] + list(torch.tensor(qlens).cumsum(0).tolist()), dtype=torch.int32)
+        dev = self.device
+        bt = BlockTables(tables.to(dev), torch.tensor(slots, dtype=torch.int64, device=dev))
+        qsl = torch.tensor([0] + list(torch.tensor(qlens).cumsum(0).tolist()), dtype=torch.int32, device=dev)
         meta = AttentionMetadata(
             query_start_loc=qsl,
-            seq_lens=torch.tensor(slens, dtype=torch.int32),
+            seq_lens=torch.tensor(slens, dtype=torch.int32, device=dev),
             query_lens_host=qlens,
             seq_lens_host=slens,
             groups={SLIDING_GROUP: bt, FULL_GROUP: bt},
         )
-        return torch.tensor(ids), torch.tensor(pos), meta
+        return torch.tensor(ids, device=dev), torch.tensor(pos, device=dev), meta
