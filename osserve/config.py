@@ -7,7 +7,7 @@ for every number (layer count, window, block size, ...).
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -274,7 +274,3 @@ class SchedulerConfig:
     max_num_batched_tokens: int = 8192
     max_model_len: int = 8192
     max_waiting: int = 4096  # beyond this the server answers 503
-
-
-def as_dict(obj: Any) -> dict[str, Any]:
-    return asdict(obj)

@@ -62,7 +62,7 @@ class AsyncEngine:
         # anything is queued; the engine thread does the insertion without blocking this loop.
         self.engine.validate_request(request_id, prompt_token_ids, params)
         with self._inbox.lock:
-            if self.engine.stats_num_waiting() + len(self._inbox.adds) >= self.max_waiting:
+            if self.engine.scheduler.num_waiting() + len(self._inbox.adds) >= self.max_waiting:
                 raise OverloadedError("the server is overloaded: too many requests are waiting")
             self._inbox.adds.append((request_id, prompt_token_ids, params))
             self._queues[request_id] = (loop, queue)

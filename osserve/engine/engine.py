@@ -160,9 +160,6 @@ class LLMEngine:
         self.outputs.remove(delta.request_id)
         return delta
 
-    def stats_num_waiting(self) -> int:
-        return self.scheduler.stats().num_waiting
-
     def stats(self) -> EngineStats:
         s = self.scheduler.stats()
         return EngineStats(

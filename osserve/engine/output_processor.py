@@ -7,7 +7,7 @@ itself is never shown.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from osserve.engine.outputs import CompletionDelta, TokenLogprob
 from osserve.engine.request import Request
@@ -21,7 +21,6 @@ class _TextState:
     decoder: IncrementalDecoder
     stop: list[str]
     pending: str = ""  # decoded, not yet shown: it may be the start of a stop string
-    shown: list[str] = field(default_factory=list)
 
 
 class OutputProcessor:
@@ -36,9 +35,6 @@ class OutputProcessor:
 
     def remove(self, request_id: str) -> None:
         self.states.pop(request_id, None)
-
-    def full_text(self, request_id: str) -> str:
-        return "".join(self.states[request_id].shown)
 
     @staticmethod
     def logprobs_rows(result: SamplerOutput, wanted: list[int | None]) -> list[TokenLogprob | None]:
@@ -79,7 +75,6 @@ class OutputProcessor:
         else:
             hold = self._held_back(text, state.stop)
             text, state.pending = text[: len(text) - hold], text[len(text) - hold:]
-        state.shown.append(text)
         if not new_ids and not finished:
             return None
         return CompletionDelta(

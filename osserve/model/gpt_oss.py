@@ -90,22 +90,17 @@ class Experts(nn.Module):
         self.down_proj_blocks = nn.Buffer(torch.empty(e, h, i // 32, 16, dtype=u8))
         self.down_proj_scales = nn.Buffer(torch.empty(e, h, i // 32, dtype=u8))
         self.down_proj_bias = nn.Parameter(torch.empty(e, h))
-        # Dense copies when the runner dequantises once at load (or a demo model trains).
-        self.gate_up_dense: torch.Tensor | None = None
-        self.down_dense: torch.Tensor | None = None
         self.prepared: PreparedExperts | None = None  # the fused kernel's layout (GPU, at load)
 
     def weights(self) -> ExpertWeights:
-        dense = self.gate_up_dense is not None or self.gate_up_proj_blocks.numel() == 0
+        freed = self.gate_up_proj_blocks.numel() == 0  # prepare_experts dropped the checkpoint layout
         return ExpertWeights(
-            gate_up_blocks=None if dense else self.gate_up_proj_blocks,
-            gate_up_scales=None if dense else self.gate_up_proj_scales,
+            gate_up_blocks=None if freed else self.gate_up_proj_blocks,
+            gate_up_scales=None if freed else self.gate_up_proj_scales,
             gate_up_bias=self.gate_up_proj_bias,
-            down_blocks=None if dense else self.down_proj_blocks,
-            down_scales=None if dense else self.down_proj_scales,
+            down_blocks=None if freed else self.down_proj_blocks,
+            down_scales=None if freed else self.down_proj_scales,
             down_bias=self.down_proj_bias,
-            gate_up_dense=self.gate_up_dense,
-            down_dense=self.down_dense,
             prepared=self.prepared,
         )
 
@@ -206,13 +201,3 @@ class GptOssForCausalLM(nn.Module):
                 empty = torch.empty(0, dtype=torch.uint8, device=ex.gate_up_proj_blocks.device)
                 ex.gate_up_proj_blocks = ex.gate_up_proj_scales = empty
                 ex.down_proj_blocks = ex.down_proj_scales = empty
-
-    def dequantize_experts(self, dtype: torch.dtype) -> None:
-        """Replace every layer's MXFP4 experts by dense copies (freeing the 4-bit tensors)."""
-        for layer in self.model.layers:
-            ex = layer.mlp.experts
-            w = ex.weights()
-            ex.gate_up_dense, ex.down_dense = w.gate_up(dtype), w.down(dtype)
-            empty = torch.empty(0, dtype=torch.uint8, device=ex.gate_up_dense.device)
-            ex.gate_up_proj_blocks = ex.gate_up_proj_scales = empty
-            ex.down_proj_blocks = ex.down_proj_scales = empty

@@ -25,7 +25,7 @@ PREFILL_DENSE_MIN_TOKENS = 512
 
 @dataclass
 class ExpertWeights:
-    """One layer's experts, as stored in the checkpoint (MXFP4) or dequantised (bf16/fp32)."""
+    """One layer's experts as stored in the checkpoint (MXFP4), plus the fused kernel's layout."""
 
     gate_up_blocks: torch.Tensor | None  # [E, 2I, H/32, 16] uint8
     gate_up_scales: torch.Tensor | None  # [E, 2I, H/32] uint8
@@ -33,8 +33,6 @@ class ExpertWeights:
     down_blocks: torch.Tensor | None  # [E, H, I/32, 16] uint8
     down_scales: torch.Tensor | None  # [E, H, I/32] uint8
     down_bias: torch.Tensor  # [E, H]
-    gate_up_dense: torch.Tensor | None = None  # [E, 2I, H], when dequantised once at load
-    down_dense: torch.Tensor | None = None  # [E, H, I]
     prepared: PreparedExperts | None = None  # the Triton kernel's layout, set once at load (prepare())
 
     @property
@@ -42,14 +40,10 @@ class ExpertWeights:
         return self.gate_up_bias.shape[0]
 
     def gate_up(self, dtype: torch.dtype) -> torch.Tensor:
-        if self.gate_up_dense is not None:
-            return self.gate_up_dense.to(dtype)
         assert self.gate_up_blocks is not None and self.gate_up_scales is not None
         return dequantize_mxfp4(self.gate_up_blocks, self.gate_up_scales, dtype)
 
     def down(self, dtype: torch.dtype) -> torch.Tensor:
-        if self.down_dense is not None:
-            return self.down_dense.to(dtype)
         assert self.down_blocks is not None and self.down_scales is not None
         return dequantize_mxfp4(self.down_blocks, self.down_scales, dtype)
 
@@ -65,11 +59,6 @@ class ExpertWeights:
         if not keep_original:
             self.gate_up_blocks = self.gate_up_scales = self.down_blocks = self.down_scales = None
 
-    def dequantize_in_place(self, dtype: torch.dtype) -> None:
-        """Keep dense copies (and drop the MXFP4 tensors): the simple fast path on GPU."""
-        self.gate_up_dense = self.gate_up(dtype)
-        self.down_dense = self.down(dtype)
-        self.gate_up_blocks = self.gate_up_scales = self.down_blocks = self.down_scales = None
 
 
 def swiglu(gate_up: torch.Tensor, limit: float) -> torch.Tensor:
