@@ -120,6 +120,9 @@ class AsyncEngine:
                 busy = self.engine.has_unfinished()
                 if busy:
                     deltas += self.engine.step()
+                    profile = self.engine.profile
+                    if profile.steps and profile.steps % profile.every == 0:
+                        log.info("engine: %s", profile.summary())
                 self._deliver(deltas)
                 if not busy:
                     self._inbox.wake.wait(timeout=0.5)

@@ -42,6 +42,35 @@ class EngineParts:
     tokenizer: Tokenizer
 
 
+@dataclass
+class StepProfile:
+    """Where the step loop's wall time goes (host clock). `launch` is building the batch and
+    queueing the forward; `gpu_wait` is the sampler waiting for the GPU; `post` is stop checks,
+    detokenisation and deltas. Logged by the server every `every` steps."""
+
+    steps: int = 0
+    requests: int = 0
+    schedule: float = 0.0
+    launch: float = 0.0
+    gpu_wait: float = 0.0
+    post: float = 0.0
+    every: int = 500
+
+    def add(self, batch: int, schedule: float, launch: float, gpu_wait: float, post: float) -> None:
+        self.steps += 1
+        self.requests += batch
+        self.schedule += schedule
+        self.launch += launch
+        self.gpu_wait += gpu_wait
+        self.post += post
+
+    def summary(self) -> str:
+        n = max(self.steps, 1)
+        return (f"{self.steps} steps, mean batch {self.requests / n:.1f}; ms per step: schedule "
+                f"{1000 * self.schedule / n:.2f}, build+launch {1000 * self.launch / n:.2f}, wait for GPU "
+                f"{1000 * self.gpu_wait / n:.2f}, outputs {1000 * self.post / n:.2f}")
+
+
 class LLMEngine:
     def __init__(self, parts: EngineParts) -> None:
         self.model_config = parts.model_config
@@ -56,6 +85,7 @@ class LLMEngine:
         self.generators: dict[str, torch.Generator] = {}
         self.prompt_tokens_total = 0
         self.generation_tokens_total = 0
+        self.profile = StepProfile()
 
     @property
     def max_model_len(self) -> int:
@@ -106,9 +136,11 @@ class LLMEngine:
 
     # ------------------------------------------------------------------ the step
     def step(self) -> list[CompletionDelta]:
+        t0 = time.perf_counter()
         out = self.scheduler.schedule()
         if not out.scheduled:
             return []
+        t1 = time.perf_counter()
         entries = [
             BatchEntry(
                 token_ids=self.requests[s.request_id].token_slice(s.start, s.start + s.num_new_tokens),
@@ -118,8 +150,10 @@ class LLMEngine:
             )
             for s in out.scheduled
         ]
-        logits = self.runner.run(entries)
-        sampled = self._sample(out, logits)
+        logits = self.runner.run(entries)  # launches; the GPU runs on while the host goes on
+        t2 = time.perf_counter()
+        sampled = self._sample(out, logits)  # waits for the GPU (the sampled ids come to the host)
+        t3 = time.perf_counter()
         self.prompt_tokens_total += sum(
             min(s.num_new_tokens, max(0, self.requests[s.request_id].num_prompt_tokens - s.start))
             for s in out.scheduled
@@ -136,6 +170,7 @@ class LLMEngine:
             if delta.finished and not req.status.is_finished:
                 self.scheduler.finish(req.request_id, delta.finish_reason or "stop")  # a stop string
             deltas.append(self._retire(delta) if delta.finished else delta)
+        self.profile.add(len(out.scheduled), t1 - t0, t2 - t1, t3 - t2, time.perf_counter() - t3)
         return deltas
 
     def _sample(self, out: SchedulerOutput, logits: torch.Tensor) -> dict[str, tuple[int, object]]:

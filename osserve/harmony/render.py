@@ -161,8 +161,9 @@ def render_chat(
     if forced is not None:
         prefill = _encode_special(f" to=functions.{forced}<|channel|>commentary")
     elif tool_choice == "required":
-        # Several tools: the recipient header is begun, so the model must name one of them.
-        prefill = _encode_special("<|channel|>commentary to=functions.")
+        # Several tools: the recipient header is begun, so the model must name one of them. The
+        # dot is left to the model: o200k merges it into the name (".get"), as in training.
+        prefill = _encode_special("<|channel|>commentary to=functions")
     return RenderedPrompt(token_ids=ids + prefill, prefill_token_ids=prefill)
 
 

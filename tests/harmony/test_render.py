@@ -48,3 +48,15 @@ def test_history_rules() -> None:
     assert '<|start|>assistant to=functions.f<|channel|>commentary <|constrain|>json<|message|>{"a": 1}' in t
     assert "<|start|>functions.f to=assistant<|channel|>commentary<|message|>result<|end|>" in t
     assert "final one<|end|>" in t  # a stored <|return|> becomes <|end|>
+
+
+def test_required_with_several_tools_prefills_the_namespace() -> None:
+    from osserve.harmony.stream import parse_completion
+
+    r = render_chat([ChatMessage("user", "hi")], tools=[FunctionTool("a"), FunctionTool("get_weather")],
+                    tool_choice="required")
+    assert text(r.token_ids).endswith("<|start|>assistant<|channel|>commentary to=functions")
+    enc = load_tokenizer().encoding
+    out = enc.encode('.get_weather <|constrain|>json<|message|>{"city": "Oslo"}<|call|>', allowed_special="all")
+    parsed = parse_completion(out, r.prefill_token_ids)
+    assert [(c.name, c.arguments) for c in parsed.tool_calls] == [("get_weather", '{"city": "Oslo"}')]
