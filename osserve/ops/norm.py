@@ -27,9 +27,9 @@ def add_rms_norm_reference(
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     if use_triton(x):
-        from osserve.ops.norm_triton import add_rms_norm_triton
+        from osserve.ops.norm_triton import rms_norm_triton
 
-        return add_rms_norm_triton(x, None, weight, eps)[0]
+        return rms_norm_triton(x, weight, eps)
     return rms_norm_reference(x, weight, eps)
 
 

@@ -1,4 +1,9 @@
-"""RMSNorm and residual-add + RMSNorm in one pass each (one program per row)."""
+"""RMSNorm and residual-add + RMSNorm in one pass each (one program per row of H <= ~16k).
+
+Each program loads its row (BLOCK = next_power_of_2(H), masked), adds the residual, stores the
+sum, reduces in fp32 and stores weight·x·rsqrt(mean(x²)+eps): one read of x and residual, one
+write of the sum and the normed row, where the unfused sequence makes ~7 passes.
+"""
 
 from __future__ import annotations
 
@@ -10,7 +15,7 @@ import triton.language as tl
 @triton.jit
 def _add_rms_norm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, sum_ptr, H: tl.constexpr, eps,
                          HAS_RES: tl.constexpr, BLOCK: tl.constexpr):  # noqa: ANN001
-    row = tl.program_id(0)
+    row = tl.program_id(0).to(tl.int64)  # int64 offsets: free here, and safe for any T·H
     cols = tl.arange(0, BLOCK)
     mask = cols < H
     x = tl.load(x_ptr + row * H + cols, mask=mask, other=0.0).to(tl.float32)
@@ -18,24 +23,46 @@ def _add_rms_norm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, sum_ptr, H: tl.constexp
         # gpt-oss adds in the activations' dtype before normalising: round the sum the same way.
         x = (x + tl.load(res_ptr + row * H + cols, mask=mask, other=0.0).to(tl.float32))
         x = x.to(sum_ptr.dtype.element_ty)
+        # Safe when sum_ptr is res_ptr (in place): this program read its row above, and no other
+        # program touches it.
         tl.store(sum_ptr + row * H + cols, x, mask=mask)
         x = x.to(tl.float32)
     var = tl.sum(x * x, axis=0) / H
     w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
-    y = w * (x * tl.rsqrt(var + eps))
+    y = w * (x * tl.rsqrt(var + eps))  # weight applied in fp32, one rounding at the end
     tl.store(out_ptr + row * H + cols, y.to(out_ptr.dtype.element_ty), mask=mask)
 
 
 def add_rms_norm_triton(
-    x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float
+    x: torch.Tensor,  # [T, H]
+    residual: torch.Tensor | None,  # [T, H] or None
+    weight: torch.Tensor,  # [H]
+    eps: float,
+    inplace: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(norm(x + residual), x + residual); with residual None: (norm(x), x)."""
+    """(norm(x + residual), x + residual); with residual None: (norm(x), x).
+
+    inplace: the new residual x + residual is written into `residual` (which must be contiguous)
+    and that same tensor is returned, saving an allocation; otherwise a fresh tensor.
+    """
     t, h = x.shape
     x = x.contiguous()
     out = torch.empty_like(x)
-    summed = torch.empty_like(x) if residual is not None else x
+    if residual is None:
+        summed = x
+    elif inplace:
+        assert residual.is_contiguous() and residual.shape == x.shape and residual.dtype == x.dtype
+        summed = residual
+    else:
+        residual = residual.contiguous()
+        summed = torch.empty_like(x)
     if t:
-        _add_rms_norm_kernel[(t,)](x, residual.contiguous() if residual is not None else x, weight, out, summed,
+        _add_rms_norm_kernel[(t,)](x, residual if residual is not None else x, weight, out, summed,
                                    h, eps, HAS_RES=residual is not None, BLOCK=triton.next_power_of_2(h),
                                    num_warps=4 if h <= 4096 else 8)
     return out, summed
+
+
+def rms_norm_triton(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """x [T, H], weight [H] -> norm(x) [T, H] in x's dtype."""
+    return add_rms_norm_triton(x, None, weight, eps)[0]

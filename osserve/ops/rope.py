@@ -1,12 +1,19 @@
-"""YaRN rotary position embedding (rotate-half layout), as gpt-oss uses it."""
+"""YaRN rotary position embedding (rotate-half layout), as gpt-oss uses it.
+
+Two entries rotate q/k and store k/v in the paged cache: `rope_and_cache` (per-step cos/sin
+[T, D/2]) and `rope_and_cache_table` (positions + a `RopeTable` built once at load). Both run one
+fused Triton kernel on CUDA tensors and the `*_reference` plain-PyTorch path elsewhere.
+"""
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 
 from osserve.config import YarnRope
+from osserve.ops.dispatch import use_triton
 
 
 def yarn_inv_freq(rope: YarnRope, head_dim: int) -> tuple[torch.Tensor, float]:
@@ -54,7 +61,34 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return torch.cat((first * c - second * s, second * c + first * s), dim=-1)
 
 
-def rope_and_cache(
+@dataclass(frozen=True)
+class RopeTable:
+    """cos/sin [max_positions, head_dim/2] float32, concentration already applied.
+
+    Built once at model load (`RopeTable.build(cfg.rope, cfg.head_dim, max_model_len, device)`;
+    32 MiB at 131072 positions × head_dim 64); each step then only gathers rows by position.
+    The rows are exactly `rope_cos_sin(arange(max_positions), ...)`, so table and per-step paths
+    give bit-identical cos/sin. Positions must be < max_positions (not checked on the GPU).
+    """
+
+    cos: torch.Tensor
+    sin: torch.Tensor
+
+    @classmethod
+    def build(
+        cls, rope: YarnRope, head_dim: int, max_positions: int, device: torch.device | str = "cpu"
+    ) -> RopeTable:
+        inv_freq, concentration = yarn_inv_freq(rope, head_dim)
+        positions = torch.arange(max_positions, dtype=torch.int64, device=device)
+        cos, sin = rope_cos_sin(positions, inv_freq.to(device), concentration)
+        return cls(cos.contiguous(), sin.contiguous())
+
+    @property
+    def max_positions(self) -> int:
+        return self.cos.shape[0]
+
+
+def rope_and_cache_reference(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
@@ -68,8 +102,60 @@ def rope_and_cache(
 
     Returns the rotated (q, k). The fused kernel does all of it in one pass.
     """
-    from osserve.ops.attention import write_kv
+    from osserve.ops.attention import write_kv_reference
 
     q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-    write_kv(k, v, k_cache, v_cache, slot_mapping)
+    write_kv_reference(k, v, k_cache, v_cache, slot_mapping)
     return q, k
+
+
+def rope_and_cache_table_reference(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    positions: torch.Tensor,
+    table: RopeTable,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """As `rope_and_cache_reference`, with cos/sin gathered from the table at positions [T]."""
+    cos, sin = table.cos[positions], table.sin[positions]
+    return rope_and_cache_reference(q, k, v, cos, sin, k_cache, v_cache, slot_mapping)
+
+
+def rope_and_cache(
+    q: torch.Tensor,  # [T, H, D]
+    k: torch.Tensor,  # [T, KVH, D]
+    v: torch.Tensor,  # [T, KVH, D]
+    cos: torch.Tensor,  # [T, D/2] fp32
+    sin: torch.Tensor,
+    k_cache: torch.Tensor,  # [num_blocks, block_size, KVH, D]
+    v_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,  # [T] int64, -1: not stored
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Dispatch: the fused Triton kernel on CUDA, the reference elsewhere. Returns new (q, k)."""
+    if use_triton(q):
+        from osserve.ops.rope_triton import rope_and_cache_triton
+
+        return rope_and_cache_triton(q, k, v, cos, sin, k_cache, v_cache, slot_mapping)
+    return rope_and_cache_reference(q, k, v, cos, sin, k_cache, v_cache, slot_mapping)
+
+
+def rope_and_cache_table(
+    q: torch.Tensor,  # [T, H, D]
+    k: torch.Tensor,  # [T, KVH, D]
+    v: torch.Tensor,  # [T, KVH, D]
+    positions: torch.Tensor,  # [T] int
+    table: RopeTable,
+    k_cache: torch.Tensor,  # [num_blocks, block_size, KVH, D]
+    v_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,  # [T] int64, -1: not stored
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Dispatch: the fused kernel (gathering cos/sin by position) on CUDA, else the reference."""
+    if use_triton(q):
+        from osserve.ops.rope_triton import rope_and_cache_triton
+
+        return rope_and_cache_triton(q, k, v, table.cos, table.sin, k_cache, v_cache, slot_mapping,
+                                     positions=positions)
+    return rope_and_cache_table_reference(q, k, v, positions, table, k_cache, v_cache, slot_mapping)
