@@ -14,6 +14,7 @@ import bisect
 import logging
 import math
 
+import numpy as np
 import torch
 
 from osserve.model.gpt_oss import GptOssForCausalLM, KVCache
@@ -73,21 +74,29 @@ class DecodeGraphs:
         b = self.sizes[bisect.bisect_left(self.sizes, n)]
         bs = self.block_size
 
-        def put(dst: torch.Tensor, rows: list, pad: int) -> None:  # type: ignore[type-arg]
-            host = torch.tensor(rows + [pad] * (b - n), dtype=dst.dtype, pin_memory=True)
-            dst[:b].copy_(host, non_blocking=True)
+        def put(dst: torch.Tensor, values: np.ndarray) -> None:
+            dst[:b].copy_(torch.from_numpy(values), non_blocking=True)
 
-        put(self.input_ids, input_ids, 0)
-        put(self.positions, positions, 0)
-        put(self.seq_lens, seq_lens, 0)
+        # Host-side work is the step's budget at large batches: build with numpy, copy once each.
+        pos = np.asarray(positions, dtype=np.int64)
+        put(self.input_ids, _padded(input_ids, b, 0, np.int64))
+        put(self.positions, _padded(positions, b, 0, np.int64))
+        put(self.seq_lens, _padded(seq_lens, b, 0, np.int32))
         for g in self.groups:
-            slots = [t[p // bs] * bs + p % bs for t, p in zip(tables[g], positions, strict=True)]
-            put(self.slots[g], slots, -1)
             width = max(len(t) for t in tables[g])
-            rows = torch.full((b, width), -1, dtype=torch.int32, pin_memory=True)
+            rows = np.full((b, width), -1, dtype=np.int32)
             for i, t in enumerate(tables[g]):
-                rows[i, : len(t)] = torch.tensor(t, dtype=torch.int32)
-            self.tables[g][:b, :width].copy_(rows, non_blocking=True)
+                rows[i, : len(t)] = t
+            blocks = rows[np.arange(n), pos // bs].astype(np.int64)
+            put(self.slots[g], _padded(blocks * bs + pos % bs, b, -1, np.int64))
+            self.tables[g][:b, :width].copy_(torch.from_numpy(rows), non_blocking=True)
             self.tables[g][:b, width:].fill_(-1)
         self.graphs[b].replay()
         return self.outputs[b][:n]
+
+
+def _padded(values: object, size: int, pad: int, dtype: type) -> np.ndarray:
+    out = np.full(size, pad, dtype=dtype)
+    vals = np.asarray(values, dtype=dtype)
+    out[: len(vals)] = vals
+    return out
