@@ -9,7 +9,8 @@ off after one layer, growing with depth; so a fixed tolerance would test the wei
 ‖fast − fp32‖/‖fp32‖ ≤ 1.5 × that of the bf16 reference + 0.01 (the median, because a step
 where a router near-tie flips in one path and not the other is an outlier for either path).
 (2) tiny only (well conditioned): greedy tokens of a mixed batch, teacher-forced against the fp32
-reference: ≥ 90% exact argmax and ≥ 97% within 0.15 logits.
+reference — the share that is the exact argmax, and within 0.15 logits of it, must be no more than
+3 points below the share the plain-PyTorch bf16 path reaches in the same test (and ≥ 85%).
 """
 
 from __future__ import annotations
@@ -35,17 +36,43 @@ def reference_logits(model, tokens: list[int]) -> torch.Tensor:  # type: ignore[
         return model.compute_logits(model(ids, pos, meta, cache.kv))
 
 
-def check(args: EngineArgs, steps: int, check_tokens: bool) -> None:
-    engine = build_engine(args)
-    model = engine.runner.model
-    g = torch.Generator().manual_seed(0)
-    prompts = [torch.randint(0, 199_000, (n,), generator=g).tolist() for n in LENGTHS]
+def greedy(engine, prompts: list[list[int]], steps: int) -> list[list[int]]:  # type: ignore[no-untyped-def]
     for i, p in enumerate(prompts):
         engine.add_request(f"r{i}", p, SamplingParams(temperature=0, max_tokens=steps, ignore_eos=True))
     outs: dict[str, list[int]] = {}
     while engine.has_unfinished():
         for d in engine.step():
             outs.setdefault(d.request_id, []).extend(d.new_token_ids)
+    return [outs[f"r{i}"] for i in range(len(prompts))]
+
+
+def agreement(model, prompts: list[list[int]], outputs: list[list[int]]) -> tuple[float, float]:  # type: ignore[no-untyped-def]
+    """(share of tokens that are the reference's exact argmax, share within 0.15 logits of it)."""
+    exact = close = total = 0
+    for p, toks in zip(prompts, outputs, strict=True):
+        ref = reference_logits(model, p + toks[:-1])[len(p) - 1:]
+        chosen = ref.gather(1, torch.tensor(toks, device="cuda")[:, None])[:, 0]
+        margin = ref.max(1).values - chosen
+        close += (margin <= 0.15).sum().item()
+        exact += (margin == 0).sum().item()
+        total += len(toks)
+    return exact / total, close / total
+
+
+def check(args: EngineArgs, steps: int, check_tokens: bool) -> None:
+    engine = build_engine(args)
+    model = engine.runner.model
+    g = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(0, 199_000, (n,), generator=g).tolist() for n in LENGTHS]
+    fast_tokens = greedy(engine, prompts, steps)
+    assert all(len(t) == steps for t in fast_tokens)
+    ref_tokens = None
+    if check_tokens:  # the plain-PyTorch bf16 path's own greedy run, eager, same weights
+        eager = build_engine(EngineArgs(**{**vars(args), "enforce_eager": True}))
+        with reference_ops():
+            ref_tokens = greedy(eager, prompts, steps)
+        del eager
+
     # Decode logits of one sequence through the graph path, recorded before the upcast.
     recorded: list[torch.Tensor] = []
     original = model.compute_logits
@@ -61,24 +88,18 @@ def check(args: EngineArgs, steps: int, check_tokens: bool) -> None:
     ref_bf16 = reference_logits(model, prompt + one[:-1])[len(prompt) - 1:].float()
 
     model.float()  # the reference runs in float32 from here on
-    exact = close = total = 0
-    for i, p in enumerate(prompts):
-        toks = outs[f"r{i}"]
-        assert len(toks) == steps
-        ref = reference_logits(model, p + toks[:-1])[len(p) - 1:]
-        chosen = ref.gather(1, torch.tensor(toks, device="cuda")[:, None])[:, 0]
-        margin = ref.max(1).values - chosen
-        close += (margin <= 0.15).sum().item()
-        exact += (margin == 0).sum().item()
-        total += steps
-    print(f"fast vs fp32 reference tokens: {exact}/{total} exact argmax, {close}/{total} within 0.15")
     ref = reference_logits(model, prompt + one[:-1])[len(prompt) - 1:]
     fast_err = ((fast - ref).norm(dim=1) / ref.norm(dim=1)).median().item()
     bf16_err = ((ref_bf16 - ref).norm(dim=1) / ref.norm(dim=1)).median().item()
     print(f"decode logits vs fp32: fast path {fast_err:.4f}, bf16 reference {bf16_err:.4f}")
     assert fast_err <= 1.5 * bf16_err + 0.01
-    if check_tokens:
-        assert exact / total >= 0.9 and close / total >= 0.97, (exact, close, total)
+    if ref_tokens is not None:
+        fast_exact, fast_close = agreement(model, prompts, fast_tokens)
+        ref_exact, ref_close = agreement(model, prompts, ref_tokens)
+        print(f"greedy tokens vs fp32 argmax: fast {fast_exact:.3f} exact / {fast_close:.3f} within 0.15; "
+              f"bf16 reference {ref_exact:.3f} / {ref_close:.3f}")
+        assert fast_exact >= min(ref_exact, 1.0) - 0.03 and fast_close >= ref_close - 0.03
+        assert fast_exact >= 0.85
 
 
 def test_tiny_fast_path_matches_reference(tiny_checkpoint: Path) -> None:
