@@ -96,7 +96,7 @@ class DecodeGraphs:
 
 
 def _padded(values: object, size: int, pad: int, dtype: type) -> np.ndarray:
-    out = np.full(size, pad, dtype=dtype)
-    vals = np.asarray(values, dtype=dtype)
+    out: np.ndarray = np.full(size, pad, dtype=dtype)
+    vals: np.ndarray = np.asarray(values, dtype=dtype)
     out[: len(vals)] = vals
     return out

@@ -20,7 +20,7 @@ import torch
 from osserve.config import CacheConfig, ModelConfig, SchedulerConfig
 from osserve.engine.kv_cache import KVCacheManager
 from osserve.engine.output_processor import OutputProcessor
-from osserve.engine.outputs import CompletionDelta, EngineStats
+from osserve.engine.outputs import CompletionDelta, EngineStats, TokenLogprob
 from osserve.engine.request import Request
 from osserve.engine.runner import BatchEntry, ModelRunner
 from osserve.engine.sampler import Sampler, SamplingBatch
@@ -173,7 +173,7 @@ class LLMEngine:
         self.profile.add(len(out.scheduled), t1 - t0, t2 - t1, t3 - t2, time.perf_counter() - t3)
         return deltas
 
-    def _sample(self, out: SchedulerOutput, logits: torch.Tensor) -> dict[str, tuple[int, object]]:
+    def _sample(self, out: SchedulerOutput, logits: torch.Tensor) -> dict[str, tuple[int, TokenLogprob | None]]:
         rows = [self.requests[s.request_id] for s in out.scheduled if s.needs_sample]
         if not rows:
             return {}

@@ -29,11 +29,11 @@ class LLM:
     ) -> list[RequestOutput]:
         """Prompts are strings (encoded as plain text, no template) or token-id lists."""
         if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
-            prompts = [prompts]  # type: ignore[list-item]
+            prompts = [prompts]  # type: ignore[list-item,assignment]
         plist = list(params) if isinstance(params, Sequence) else [params or SamplingParams()] * len(prompts)
         order: list[str] = []
         for prompt, p in zip(prompts, plist, strict=True):
-            ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
+            ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)  # type: ignore[arg-type]
             rid = f"llm-{next(self._ids)}"
             self.engine.add_request(rid, ids, _copy(p))
             order.append(rid)

@@ -195,9 +195,9 @@ class GptOssForCausalLM(nn.Module):
         from osserve.ops.moe_triton import prepare_mxfp4_experts
 
         for layer in self.model.layers:
-            ex = layer.mlp.experts
+            ex: Experts = layer.mlp.experts  # type: ignore[union-attr,assignment]
             ex.prepared = prepare_mxfp4_experts(ex.weights())
             if not keep_original:
-                empty = torch.empty(0, dtype=torch.uint8, device=ex.gate_up_proj_blocks.device)
+                empty = nn.Buffer(torch.empty(0, dtype=torch.uint8, device=ex.gate_up_proj_blocks.device))
                 ex.gate_up_proj_blocks = ex.gate_up_proj_scales = empty
                 ex.down_proj_blocks = ex.down_proj_scales = empty

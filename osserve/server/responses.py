@@ -130,8 +130,11 @@ async def create_response(body: ResponsesRequest, request: Request) -> Any:
     if isinstance(choice, dict):
         choice = {"name": choice.get("name") or (choice.get("function") or {}).get("name")}
     effort = (body.reasoning or {}).get("effort") or "medium"
+    if effort not in ("low", "medium", "high"):
+        raise InvalidRequestError(f"reasoning.effort must be low, medium or high, got {effort!r}", "reasoning.effort")
     system = [ChatMessage("developer", instructions)] if instructions else []
-    prompt = render_chat(system + conversation, tools=tools, tool_choice=choice, reasoning_effort=effort)
+    prompt = render_chat(system + conversation, tools=tools, tool_choice=choice,
+                         reasoning_effort=effort)  # type: ignore[arg-type]  # checked just above
     params = sampling_params(temperature=body.temperature, top_p=body.top_p, max_tokens=body.max_output_tokens,
                              seed=body.seed, extra={"ignore_eos": body.ignore_eos})
     rid = new_id("resp_")
@@ -217,7 +220,7 @@ async def _stream(state: ServerState, body: ResponsesRequest, rid: str, created:
         if kind == "reasoning":
             item_id = ids["reasoning"]
             item = {"type": "reasoning", "id": item_id, "summary": [], "content": [], "status": "in_progress"}
-            part = {"type": "reasoning_text", "text": ""}
+            part: dict[str, Any] | None = {"type": "reasoning_text", "text": ""}
         elif kind == "message":
             item_id = ids["message"]
             item = {"type": "message", "id": item_id, "role": "assistant", "status": "in_progress", "content": []}

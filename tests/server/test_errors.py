@@ -59,6 +59,8 @@ def test_other_routes_errors(base: str) -> None:
     assert httpx.post(base + "/v1/responses", json={"model": "m", "input": "x",
                                                     "previous_response_id": "resp_nope"}).status_code == 400
     assert httpx.get(base + "/v1/responses/resp_nope").status_code == 404
+    r = httpx.post(base + "/v1/responses", json={"model": "m", "input": "x", "reasoning": {"effort": "extreme"}})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "reasoning.effort"
     assert httpx.post(base + "/api/chat", json={"model": "m", "messages": [],
                                                 "options": {"temperature": -1}}).status_code == 400
     assert httpx.get(base + "/health").status_code == 200
