@@ -104,9 +104,11 @@ def build_engine(args: EngineArgs) -> LLMEngine:
         torch.cuda.empty_cache()
 
     max_model_len = args.max_model_len or min(cfg.max_position_embeddings, 8192 if device.type == "cpu" else 32768)
+    defaults = SchedulerConfig()
     sched = SchedulerConfig(
-        max_num_seqs=args.max_num_seqs or (256 if device.type == "cuda" else 32),
-        max_num_batched_tokens=args.max_num_batched_tokens or max(8192, 2048),
+        # A CPU runs the tiny model: a smaller running set keeps each step's latency low.
+        max_num_seqs=args.max_num_seqs or (defaults.max_num_seqs if device.type == "cuda" else 32),
+        max_num_batched_tokens=args.max_num_batched_tokens or defaults.max_num_batched_tokens,
         max_model_len=max_model_len,
     )
     cache = CacheConfig(block_size=args.block_size, num_blocks=args.num_blocks,
