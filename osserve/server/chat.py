@@ -27,6 +27,7 @@ from osserve.server.generation import (
     new_id,
     sampling_params,
     sse,
+    with_first,
 )
 from osserve.server.logprobs import chat_logprobs
 from osserve.server.protocol import ChatCompletionRequest
@@ -102,8 +103,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Any
     state: ServerState = request.app.state.osserve
     state.check_model(body.model)
     prompt = render_request(body)
-    extra = {k: getattr(body, k) for k in ("top_k", "min_p", "repetition_penalty", "min_tokens", "ignore_eos",
-                                           "frequency_penalty", "presence_penalty")}
+    extra = body.engine_extras()
     base = sampling_params(
         temperature=body.temperature, top_p=body.top_p, seed=body.seed, stop=body.stop_list(),
         max_tokens=body.max_completion_tokens or body.max_tokens, extra=extra,
@@ -151,12 +151,7 @@ async def _stream(state: ServerState, body: ChatCompletionRequest, rid: str, cre
     for i in range(body.n):
         yield chunk(i, {"role": "assistant", "content": ""})
 
-    async def items() -> AsyncIterator[tuple[int, CompletionDelta]]:
-        yield first
-        async for x in rest:
-            yield x
-
-    async for i, d in items():
+    async for i, d in with_first(first, rest):
         c = choices[i]
         lp = chat_logprobs(state.tokenizer, d.new_logprobs) if body.logprobs and d.new_logprobs else None
         for x in c.feed(d):

@@ -11,7 +11,15 @@ from fastapi.responses import JSONResponse, StreamingResponse
 
 from osserve.engine.outputs import CompletionDelta, TokenLogprob
 from osserve.errors import InvalidRequestError
-from osserve.server.generation import ServerState, choice_params, generate_n, new_id, sampling_params, sse
+from osserve.server.generation import (
+    ServerState,
+    choice_params,
+    generate_n,
+    new_id,
+    sampling_params,
+    sse,
+    with_first,
+)
 from osserve.server.logprobs import completion_logprobs
 from osserve.server.protocol import CompletionRequest
 
@@ -34,8 +42,7 @@ async def completions(body: CompletionRequest, request: Request) -> Any:
     state: ServerState = request.app.state.osserve
     state.check_model(body.model)
     ids = prompt_ids(state, body.prompt)
-    extra = {k: getattr(body, k) for k in ("top_k", "min_p", "repetition_penalty", "min_tokens", "ignore_eos",
-                                           "frequency_penalty", "presence_penalty")}
+    extra = body.engine_extras()
     # The harmony stop tokens stay the defaults: a raw prompt may still end inside a harmony turn.
     base = sampling_params(temperature=body.temperature, top_p=body.top_p, max_tokens=body.max_tokens,
                            seed=body.seed, stop=body.stop_list(), extra=extra, logprobs=body.logprobs)
@@ -91,12 +98,7 @@ async def _stream(state: ServerState, body: CompletionRequest, rid: str, created
             yield chunk(i, echo, None)
     finals: list[CompletionDelta | None] = [None] * body.n
 
-    async def items() -> AsyncIterator[tuple[int, CompletionDelta]]:
-        yield first
-        async for x in rest:
-            yield x
-
-    async for i, d in items():
+    async for i, d in with_first(first, rest):
         lp = (completion_logprobs(state.tokenizer, d.new_logprobs or [])
               if body.logprobs is not None else None)
         if d.new_text or lp:

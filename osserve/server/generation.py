@@ -9,7 +9,7 @@ import secrets
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from osserve.engine.outputs import CompletionDelta, EngineClient
 from osserve.engine.sampling_params import DEFAULT_STOP_TOKEN_IDS, SamplingParams
@@ -17,6 +17,8 @@ from osserve.errors import ModelNotFoundError
 from osserve.server.metrics import ServerMetrics
 from osserve.server.responses_store import ResponseStore
 from osserve.tokenizer import Tokenizer
+
+T = TypeVar("T")
 
 
 @dataclass
@@ -115,6 +117,13 @@ def choice_params(base: SamplingParams, n: int) -> list[SamplingParams]:
 
     return [replace(base, seed=None if base.seed is None else base.seed + i,
                     stop=list(base.stop), stop_token_ids=list(base.stop_token_ids)) for i in range(n)]
+
+
+async def with_first(first: T, rest: AsyncIterator[T]) -> AsyncIterator[T]:
+    """The item already pulled (to surface validation errors before any byte), then the rest."""
+    yield first
+    async for x in rest:
+        yield x
 
 
 def sse(data: dict[str, Any] | str, event: str | None = None) -> str:

@@ -17,7 +17,7 @@ from osserve import __version__
 from osserve.engine.outputs import CompletionDelta
 from osserve.harmony.render import ChatMessage, FunctionTool, ToolCall, render_chat
 from osserve.harmony.stream import ContentDelta, HarmonyStreamParser, ReasoningDelta
-from osserve.server.generation import ServerState, generate, new_id, sampling_params
+from osserve.server.generation import ServerState, generate, new_id, sampling_params, with_first
 
 router = APIRouter()
 
@@ -94,11 +94,6 @@ async def _run(state: ServerState, prompt: list[int], prefill: list[int], params
     first = await anext(deltas)
     parser = HarmonyStreamParser(state.tokenizer, prefill)
 
-    async def items() -> AsyncIterator[CompletionDelta]:
-        yield first
-        async for d in deltas:
-            yield d
-
     def split(d: CompletionDelta) -> tuple[str, str]:
         out = parser.push(d.new_token_ids) + (parser.finish() if d.finished else [])
         content = "".join(x.text for x in out if isinstance(x, ContentDelta))
@@ -113,7 +108,7 @@ async def _run(state: ServerState, prompt: list[int], prefill: list[int], params
 
     if stream:
         async def lines() -> AsyncIterator[str]:
-            async for d in items():
+            async for d in with_first(first, deltas):
                 content, thinking = split(d)
                 if content or thinking:
                     yield json.dumps(shape(content, thinking, parser, None)) + "\n"
@@ -121,7 +116,7 @@ async def _run(state: ServerState, prompt: list[int], prefill: list[int], params
                     yield json.dumps(shape("", "", parser, final_fields(d))) + "\n"
         return StreamingResponse(lines(), media_type="application/x-ndjson")
     last = first
-    async for d in items():
+    async for d in with_first(first, deltas):
         split(d)
         last = d
     p = parser.parsed

@@ -90,6 +90,11 @@ class SamplingFields(_Request):
     min_tokens: int = Field(default=0, ge=0)
     ignore_eos: bool = False
 
+    def engine_extras(self) -> dict[str, Any]:
+        """The fields that map one to one onto SamplingParams."""
+        return {k: getattr(self, k) for k in ("top_k", "min_p", "repetition_penalty", "min_tokens", "ignore_eos",
+                                              "frequency_penalty", "presence_penalty")}
+
     def stop_list(self) -> list[str]:
         return [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
 

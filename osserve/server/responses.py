@@ -26,7 +26,7 @@ from osserve.harmony.stream import (
     ToolCallArgsDelta,
     ToolCallStart,
 )
-from osserve.server.generation import ServerState, generate, new_id, sampling_params, sse
+from osserve.server.generation import ServerState, generate, new_id, sampling_params, sse, with_first
 from osserve.server.protocol import ResponsesRequest
 from osserve.server.responses_store import StoredResponse
 
@@ -237,13 +237,8 @@ async def _stream(state: ServerState, body: ResponsesRequest, rid: str, created:
         open_item = {"type": kind, "id": item_id, "text": "", **extra}
         return events
 
-    async def items() -> AsyncIterator[CompletionDelta]:
-        yield first
-        async for d in rest:
-            yield d
-
     last: CompletionDelta | None = None
-    async for d in items():
+    async for d in with_first(first, rest):
         last = d
         produced = parser.push(d.new_token_ids) + (parser.finish() if d.finished else [])
         for x in produced:
