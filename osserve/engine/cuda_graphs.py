@@ -83,16 +83,22 @@ class DecodeGraphs:
         put(self.positions, _padded(positions, b, 0, np.int64))
         put(self.seq_lens, _padded(seq_lens, b, 0, np.int32))
         for g in self.groups:
-            width = max(len(t) for t in tables[g])
-            rows = np.full((b, width), -1, dtype=np.int32)
-            for i, t in enumerate(tables[g]):
-                rows[i, : len(t)] = t
+            rows = block_table_array(tables[g], b)
+            width = rows.shape[1]
             blocks = rows[np.arange(n), pos // bs].astype(np.int64)
             put(self.slots[g], _padded(blocks * bs + pos % bs, b, -1, np.int64))
             self.tables[g][:b, :width].copy_(torch.from_numpy(rows), non_blocking=True)
             self.tables[g][:b, width:].fill_(-1)
         self.graphs[b].replay()
         return self.outputs[b][:n]
+
+
+def block_table_array(tables: list[list[int]], num_rows: int) -> np.ndarray:
+    """[num_rows, longest table] int32, each table left-aligned, -1 elsewhere."""
+    rows: np.ndarray = np.full((num_rows, max(len(t) for t in tables)), -1, dtype=np.int32)
+    for i, t in enumerate(tables):
+        rows[i, : len(t)] = t
+    return rows
 
 
 def _padded(values: object, size: int, pad: int, dtype: type) -> np.ndarray:

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from osserve.engine.cuda_graphs import DecodeGraphs
+from osserve.engine.cuda_graphs import DecodeGraphs, block_table_array
 from osserve.model.gpt_oss import GptOssForCausalLM, KVCache
 from osserve.ops.attention import AttentionMetadata, BlockTables
 
@@ -69,10 +69,7 @@ class ModelRunner:
         sample_rows = (starts[1:] - 1)[[e.sample for e in entries]].astype(np.int64)
         tables: dict[str, BlockTables] = {}
         for g in entries[0].block_tables if entries else []:
-            width = max(len(e.block_tables[g]) for e in entries)
-            rows = np.full((len(entries), width), -1, dtype=np.int32)
-            for i, e in enumerate(entries):
-                rows[i, : len(e.block_tables[g])] = e.block_tables[g]
+            rows = block_table_array([e.block_tables[g] for e in entries], len(entries))
             seq_of_token = np.repeat(np.arange(len(entries)), query_lens)
             slots = rows[seq_of_token, pos // bs].astype(np.int64) * bs + pos % bs
             tables[g] = BlockTables(block_tables=self._to_device(rows), slot_mapping=self._to_device(slots))
