@@ -54,6 +54,8 @@ def build_parser() -> argparse.ArgumentParser:
     srv.add_argument("--served-model-name", default=None)
     srv.add_argument("--api-key", default=None)
     srv.add_argument("--max-waiting", type=int, default=None, help="queue bound; beyond it 503")
+    srv.add_argument("--showcase", action="store_true",
+                     help="once up, send the demo model a question and a tool round trip, and print them")
 
     bench = sub.add_parser("bench", help="benchmarks")
     bench_sub = bench.add_subparsers(dest="bench_command", required=True)

@@ -4,4 +4,4 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
-exec .venv/bin/osserve serve "$@"
+exec .venv/bin/osserve serve --showcase "$@"

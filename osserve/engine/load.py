@@ -4,6 +4,7 @@ and print the memory plan. The one place that turns flags into components."""
 from __future__ import annotations
 
 import argparse
+import hashlib
 import logging
 import os
 from dataclasses import dataclass, fields
@@ -17,7 +18,7 @@ from osserve.engine.kv_cache import KVCacheManager
 from osserve.engine.kv_tensors import allocate_kv_caches, layer_groups, plan_kv_cache
 from osserve.engine.runner import ModelRunner
 from osserve.errors import ConfigError
-from osserve.model.checkpoint import fill_random_weights, write_checkpoint
+from osserve.model.checkpoint import fill_random_weights
 from osserve.model.weights import build_model, load_weights
 from osserve.tokenizer import load_tokenizer
 
@@ -56,12 +57,18 @@ class EngineArgs:
 
 
 def builtin_model_dir() -> Path:
-    """The built-in model: written once into the cache folder (seconds), then reused."""
+    """The built-in model: the trained demo model shipped in compact form (osserve/demo/), expanded
+    once into the Hugging Face layout in the cache folder (a second or two), then reused. The
+    folder's name carries the compact file's hash, so a new demo model is expanded afresh."""
+    from osserve.demo.compact import expand_compact
+    from osserve.demo.weights import DEMO_WEIGHTS
+
+    digest = hashlib.sha256(DEMO_WEIGHTS.read_bytes()).hexdigest()[:12]
     cache = Path(os.environ.get("OSSERVE_CACHE_DIR", Path.home() / ".cache" / "osserve"))
-    target = cache / "models" / "tiny-seed0"
-    if not (target / "config.json").is_file():
-        log.info("writing the built-in tiny checkpoint to %s", target)
-        write_checkpoint(preset("tiny"), target, seed=0, show_progress=False)
+    target = cache / "models" / f"demo-{digest}"
+    if not (target / "model.safetensors").is_file():
+        log.info("expanding the built-in demo model into %s", target)
+        expand_compact(DEMO_WEIGHTS, target)
     return target
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import threading
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -108,8 +109,20 @@ osserve {__version__} serving '{name}' at {base}  (OpenAI: {base}/v1, Ollama: {b
 r = c.chat.completions.create(model='{name}', max_tokens=64, messages=[{{'role': 'user', 'content': 'Hi'}}]); \\
 print(r.choices[0].message)"
 """, flush=True)
+    if getattr(args, "showcase", False):
+        threading.Thread(target=_showcase, args=(base, name, args.api_key), daemon=True).start()
     try:
         uvicorn.run(app, host=args.host, port=args.port, log_level="info")
     finally:
         engine.shutdown()
     return 0
+
+
+def _showcase(base: str, name: str, api_key: str | None) -> None:
+    from osserve.demo.showcase import run_showcase, wait_until_up
+
+    try:
+        wait_until_up(base)
+        run_showcase(base, name, api_key)
+    except Exception as exc:  # a showcase failure must not take the server down; say it instead
+        logging.getLogger("osserve").warning("showcase failed: %s", exc)
