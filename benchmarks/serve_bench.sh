@@ -1,27 +1,28 @@
 #!/usr/bin/env bash
 # The serving stress test on the lent GPU: starts `osserve serve` with random weights of the real
 # shapes, runs the field's published workload with `osserve bench serve`, then a concurrency sweep.
-#   [GPU_UTIL=0.97] [MAX_SEQS=256] [SWEEP=0] bash benchmarks/serve_bench.sh PRESET MAX_TOKENS [NUM_REQUESTS]  (carry .whl)
+#   [GPU_UTIL=0.97] [MAX_SEQS=256] [SWEEP=0] [SERVER_ARGS="--admission-delay-ms 50"] [TAG=x] bash benchmarks/serve_bench.sh PRESET MAX_TOKENS [NUM_REQUESTS]  (carry .whl)
 set -u
 PRESET=${1:-20b}; MAX_TOKENS=${2:-256}; N=${3:-2000}
 source benchmarks/gpu_env.sh
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 python3 -m osserve.cli serve --load-format dummy --preset "$PRESET" --port 8000 --max-num-seqs "${MAX_SEQS:-256}" \
     --max-model-len 4096 --max-num-batched-tokens 8192 --gpu-memory-utilization "${GPU_UTIL:-0.90}" \
-    > "$OUT/server-$PRESET.log" 2>&1 &
+    ${SERVER_ARGS:-} > "$OUT/server-$PRESET${TAG:-}.log" 2>&1 &
 SERVER=$!
 for _ in $(seq 1 300); do
     curl -sf http://127.0.0.1:8000/health >/dev/null && break
-    kill -0 $SERVER 2>/dev/null || { echo "server died"; tail -30 "$OUT/server-$PRESET.log"; exit 1; }
+    kill -0 $SERVER 2>/dev/null || { echo "server died"; tail -30 "$OUT/server-$PRESET${TAG:-}.log"; exit 1; }
     sleep 1
 done
-grep -i "memory plan" "$OUT/server-$PRESET.log" | tail -1
+grep -i "memory plan" "$OUT/server-$PRESET${TAG:-}.log" | tail -1
 python3 -m osserve.bench.serve --base-url http://127.0.0.1:8000 --model "gpt-oss-$PRESET" --endpoint chat \
     --num-requests "$N" --concurrency 256 --max-tokens "$MAX_TOKENS" --ignore-eos --timeout 330 \
-    --prompt "Explain quantum mechanics in one paragraph." --output-json "$OUT/serve-$PRESET.json"
+    --prompt "Explain quantum mechanics in one paragraph." --output-json "$OUT/serve-$PRESET${TAG:-}.json"
 if [ "${SWEEP:-1}" = 1 ]; then
     python3 -m osserve.bench.serve --base-url http://127.0.0.1:8000 --model "gpt-oss-$PRESET" --endpoint chat \
         --num-requests 512 --sweep 1,8,32,128,256 --max-tokens 128 --ignore-eos --timeout 60 \
         --output-json "$OUT/sweep-$PRESET.json" --plot "$OUT/sweep-$PRESET.png" | grep -E "concurrency|output token|TTFT"
 fi
-kill $SERVER
+grep "engine: " "$OUT/server-$PRESET${TAG:-}.log" | tail -2
+kill $SERVER; wait $SERVER 2>/dev/null

@@ -22,6 +22,9 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-model-len", type=int, default=None)
     p.add_argument("--max-num-seqs", type=int, default=None)
     p.add_argument("--max-num-batched-tokens", type=int, default=None)
+    p.add_argument("--admission-delay-ms", type=float, default=0.0,
+                   help="while requests decode, let newcomers gather this long (or 32 of them) before a "
+                        "prefill joins the batch: more decode-only (CUDA-graph) steps, a little more TTFT")
     p.add_argument("--gpu-memory-utilization", type=float, default=0.90)
     p.add_argument("--kv-cache-gb", type=float, default=None, help="KV-cache budget (CPU)")
     p.add_argument("--block-size", type=int, default=16)
@@ -54,6 +57,8 @@ def build_parser() -> argparse.ArgumentParser:
     srv.add_argument("--served-model-name", default=None)
     srv.add_argument("--api-key", default=None)
     srv.add_argument("--max-waiting", type=int, default=None, help="queue bound; beyond it 503")
+    srv.add_argument("--engine-process", action="store_true",
+                     help="run the engine's step loop in a process of its own (no GIL shared with HTTP)")
     srv.add_argument("--showcase", action="store_true",
                      help="once up, send the demo model a question and a tool round trip, and print them")
 

@@ -274,3 +274,8 @@ class SchedulerConfig:
     max_num_batched_tokens: int = 8192
     max_model_len: int = 8192
     max_waiting: int = 4096  # beyond this the server answers 503
+    # While requests are decoding, newcomers wait up to this long so that several are admitted
+    # together: a step with any prefill runs eagerly, a decode-only step replays a CUDA graph, so
+    # admitting one newcomer per step would make every step a slow eager one. 0: admit at once.
+    admission_delay_s: float = 0.0
+    admission_batch: int = 32  # ... or until this many newcomers wait

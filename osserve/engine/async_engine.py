@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
 from osserve.engine.engine import LLMEngine
-from osserve.engine.outputs import CompletionDelta, EngineStats
+from osserve.engine.outputs import CompletionDelta, EngineClient, EngineStats
 from osserve.engine.sampling_params import SamplingParams
 from osserve.errors import EngineDeadError, OsserveError, OverloadedError
 
@@ -141,9 +141,14 @@ class AsyncEngine:
         )
 
 
-def build_async_engine(args) -> AsyncEngine:  # type: ignore[no-untyped-def]
-    """For `osserve serve`: the engine from the CLI flags, running in its thread."""
+def build_async_engine(args) -> EngineClient:  # type: ignore[no-untyped-def]
+    """For `osserve serve`: the engine from the CLI flags, its step loop in a thread, or with
+    --engine-process in a process of its own (osserve/engine/process_engine.py)."""
     from osserve.engine.load import EngineArgs, build_engine
 
-    engine = build_engine(EngineArgs.from_namespace(args))
-    return AsyncEngine(engine, max_waiting=getattr(args, "max_waiting", None))
+    engine_args = EngineArgs.from_namespace(args)
+    if getattr(args, "engine_process", False):
+        from osserve.engine.process_engine import ProcessEngine
+
+        return ProcessEngine(engine_args, max_waiting=getattr(args, "max_waiting", None))
+    return AsyncEngine(build_engine(engine_args), max_waiting=getattr(args, "max_waiting", None))

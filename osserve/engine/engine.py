@@ -54,10 +54,13 @@ class StepProfile:
     launch: float = 0.0
     gpu_wait: float = 0.0
     post: float = 0.0
+    steps_with_prefill: int = 0  # these run eagerly; decode-only steps replay a CUDA graph (GPU)
     every: int = 500
 
-    def add(self, batch: int, schedule: float, launch: float, gpu_wait: float, post: float) -> None:
+    def add(self, batch: int, schedule: float, launch: float, gpu_wait: float, post: float,
+            has_prefill: bool = False) -> None:
         self.steps += 1
+        self.steps_with_prefill += has_prefill
         self.requests += batch
         self.schedule += schedule
         self.launch += launch
@@ -66,7 +69,8 @@ class StepProfile:
 
     def summary(self) -> str:
         n = max(self.steps, 1)
-        return (f"{self.steps} steps, mean batch {self.requests / n:.1f}; ms per step: schedule "
+        return (f"{self.steps} steps ({self.steps_with_prefill} with prefill), mean batch {self.requests / n:.1f}; "
+                f"ms per step: schedule "
                 f"{1000 * self.schedule / n:.2f}, build+launch {1000 * self.launch / n:.2f}, wait for GPU "
                 f"{1000 * self.gpu_wait / n:.2f}, outputs {1000 * self.post / n:.2f}")
 
@@ -170,7 +174,8 @@ class LLMEngine:
             if delta.finished and not req.status.is_finished:
                 self.scheduler.finish(req.request_id, delta.finish_reason or "stop")  # a stop string
             deltas.append(self._retire(delta) if delta.finished else delta)
-        self.profile.add(len(out.scheduled), t1 - t0, t2 - t1, t3 - t2, time.perf_counter() - t3)
+        self.profile.add(len(out.scheduled), t1 - t0, t2 - t1, t3 - t2, time.perf_counter() - t3,
+                         has_prefill=any(s.num_new_tokens > 1 for s in out.scheduled))
         return deltas
 
     def _sample(self, out: SchedulerOutput, logits: torch.Tensor) -> dict[str, tuple[int, TokenLogprob | None]]:

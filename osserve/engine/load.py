@@ -41,6 +41,7 @@ class EngineArgs:
     max_model_len: int | None = None
     max_num_seqs: int | None = None
     max_num_batched_tokens: int | None = None
+    admission_delay_ms: float = 0.0
     gpu_memory_utilization: float = 0.90
     kv_cache_gb: float | None = None
     num_blocks: int | None = None  # tests: force a tiny pool
@@ -117,6 +118,7 @@ def build_engine(args: EngineArgs) -> LLMEngine:
         max_num_seqs=args.max_num_seqs or (defaults.max_num_seqs if device.type == "cuda" else 32),
         max_num_batched_tokens=args.max_num_batched_tokens or defaults.max_num_batched_tokens,
         max_model_len=max_model_len,
+        admission_delay_s=args.admission_delay_ms / 1000,
     )
     cache = CacheConfig(block_size=args.block_size, num_blocks=args.num_blocks,
                         kv_cache_gb=args.kv_cache_gb,

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 from osserve.engine.sampling_params import SamplingParams
 
@@ -75,6 +75,11 @@ class EngineClient(Protocol):
 
     @property
     def is_ready(self) -> bool: ...
+
+    @property
+    def tokenizer(self) -> Any: ...
+
+    def shutdown(self) -> None: ...
 
     def generate(
         self, prompt_token_ids: list[int], params: SamplingParams, request_id: str

@@ -139,6 +139,8 @@ class Scheduler:
             break  # `req` itself was preempted: nothing after it is running any more
         if out.preempted:
             return out  # no room for newcomers while running requests are being evicted
+        if not self._admit_now():
+            return out
         while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
             req = self.waiting[0]
             if req.num_computed_tokens == 0:
@@ -160,6 +162,17 @@ class Scheduler:
             out.scheduled.append(self._scheduled(req, n))
             budget -= n
         return out
+
+    def _admit_now(self) -> bool:
+        """Admission pacing (SchedulerConfig.admission_delay_s): newcomers join a batch of decodes
+        once the oldest has waited the delay or enough of them wait; with nothing decoding, at once."""
+        cfg = self.config
+        if cfg.admission_delay_s <= 0 or not self.waiting or not self.running:
+            return True
+        free = cfg.max_num_seqs - len(self.running)
+        oldest = self.waiting[0]
+        return (oldest.num_preemptions > 0 or len(self.waiting) >= min(cfg.admission_batch, free)
+                or time.monotonic() - oldest.arrival_time >= cfg.admission_delay_s)
 
     def _scheduled(self, req: Request, n: int) -> ScheduledRequest:
         start = req.num_computed_tokens

@@ -110,3 +110,42 @@ def test_stop_token_and_min_tokens() -> None:
 def test_length_finish(max_tokens: int) -> None:
     s = make()
     assert drive(s, reqs([4], max_tokens)) == expected([4], max_tokens)
+
+
+def test_admission_pacing_batches_newcomers_without_changing_outputs() -> None:
+    import time
+
+    kv = KVCacheManager(16, 200, GROUPS, enable_prefix_caching=False)
+    s = Scheduler(SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=512, max_model_len=4096,
+                                  admission_delay_s=3600.0, admission_batch=3), kv)
+    first, *late = reqs([5, 7, 9, 11], max_tokens=30)
+    s.add_request(first)
+    assert [x.request_id for x in s.schedule().scheduled] == ["r0"]  # nothing decoding: at once
+    now = time.monotonic()
+    for r in late:
+        r.arrival_time = now
+    s.add_request(late[0])
+    s.add_request(late[1])
+    out = s.schedule()
+    assert [x.request_id for x in out.scheduled] == ["r0"]  # two newcomers < batch of 3: they wait
+    s.add_request(late[2])
+    assert [x.request_id for x in s.schedule().scheduled] == ["r0", "r1", "r2", "r3"]  # three: admitted
+    # and the delay alone admits a lone newcomer once it has waited long enough
+    s2 = Scheduler(SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=512, max_model_len=4096,
+                                   admission_delay_s=0.05, admission_batch=32),
+                   KVCacheManager(16, 200, GROUPS, enable_prefix_caching=False))
+    a, b = reqs([5, 7], max_tokens=30)
+    s2.add_request(a)
+    s2.schedule()
+    b.arrival_time = time.monotonic()
+    s2.add_request(b)
+    assert [x.request_id for x in s2.schedule().scheduled] == ["r0"]
+    time.sleep(0.06)
+    assert [x.request_id for x in s2.schedule().scheduled] == ["r0", "r1"]
+
+
+def test_admission_pacing_outputs_equal_unpaced() -> None:
+    kv = KVCacheManager(16, 200, GROUPS, enable_prefix_caching=False)
+    s = Scheduler(SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=64, max_model_len=4096,
+                                  admission_delay_s=0.001, admission_batch=3), kv)
+    assert drive(s, reqs(LENGTHS)) == expected(LENGTHS)

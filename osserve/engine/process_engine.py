@@ -1,0 +1,202 @@
+"""ProcessEngine: the engine's step loop in its own process, for the server under load.
+
+With the step loop in a thread (AsyncEngine), the engine and the HTTP server share one GIL: at
+256 streams, each step's host work (scheduling, batch building, detokenising) is stretched by the
+server's per-token work (harmony parsing, JSON, SSE writes) and the GPU waits. Here the engine
+runs in a child process (spawned: CUDA cannot be forked) and talks to the server through two
+pipes: requests and aborts go down, each step's deltas (with an EngineStats snapshot) come up. A
+reader thread in the server process hands the deltas to each request's asyncio.Queue.
+
+A request the engine rejects (bad input, too long) comes back as a `rejected` message, raised as
+the same typed osserve error from the first `anext` of `generate`, before any delta is yielded.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import multiprocessing as mp
+import threading
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
+from typing import Any
+
+from osserve import errors
+from osserve.engine.load import EngineArgs
+from osserve.engine.outputs import CompletionDelta, EngineStats
+from osserve.engine.sampling_params import SamplingParams
+from osserve.errors import EngineDeadError, OsserveError, OverloadedError
+from osserve.tokenizer import load_tokenizer
+
+log = logging.getLogger("osserve")
+
+
+@dataclass
+class _Rejected:
+    """The engine refused a request: re-raised in the server as errors.<kind>(message, param)."""
+
+    kind: str
+    message: str
+    param: str | None
+
+
+# ---------------------------------------------------------------------- the engine process
+def _engine_main(args: EngineArgs, commands: Connection, outputs: Connection) -> None:
+    from osserve.engine.load import build_engine
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        engine = build_engine(args)
+    except Exception as e:  # say why, instead of a silent dead child
+        outputs.send(("dead", repr(e)))
+        return
+    outputs.send(("ready", {"max_model_len": engine.max_model_len,
+                            "max_waiting": engine.scheduler_config.max_waiting}))
+    try:
+        while True:
+            busy = engine.has_unfinished()
+            out: list[CompletionDelta | tuple[str, _Rejected]] = []
+            # Drain what arrived; when idle, block (briefly) for the next request.
+            while commands.poll(0 if busy else 0.5):
+                msg = commands.recv()
+                if msg[0] == "stop":
+                    return
+                if msg[0] == "abort":
+                    if (d := engine.abort(msg[1])) is not None:
+                        out.append(d)
+                else:  # ("add", request_id, prompt_token_ids, params)
+                    _, rid, prompt, params = msg
+                    try:
+                        engine.validate_request(rid, prompt, params)
+                        engine.add_request(rid, prompt, params)
+                    except OsserveError as e:
+                        out.append((rid, _Rejected(type(e).__name__, e.message, e.param)))
+                busy = True
+            if engine.has_unfinished():
+                out += engine.step()
+                profile = engine.profile
+                if profile.steps and profile.steps % profile.every == 0:
+                    log.info("engine: %s", profile.summary())
+            if out:
+                outputs.send(("out", out, engine.stats()))
+    except Exception as e:
+        log.exception("engine step loop failed")
+        outputs.send(("dead", repr(e)))
+
+
+# ---------------------------------------------------------------------- the server side
+class ProcessEngine:
+    """Implements osserve.engine.outputs.EngineClient over an engine in a child process."""
+
+    def __init__(self, args: EngineArgs, max_waiting: int | None = None) -> None:
+        ctx = mp.get_context("spawn")
+        child_commands, self._commands = ctx.Pipe(duplex=False)  # (reader, writer): down to the engine
+        self._outputs, child_outputs = ctx.Pipe(duplex=False)  # up from the engine
+        self._proc = ctx.Process(target=_engine_main, args=(args, child_commands, child_outputs),
+                                 name="osserve-engine", daemon=True)
+        self._proc.start()
+        child_commands.close()
+        child_outputs.close()
+        kind, info = self._outputs.recv()
+        if kind != "ready":
+            self._proc.join(timeout=10)
+            raise EngineDeadError(f"the engine process failed to start: {info}")
+        self._max_model_len: int = info["max_model_len"]
+        self.max_waiting = max_waiting or info["max_waiting"]
+        self._tokenizer = load_tokenizer()
+        self._send_lock = threading.Lock()
+        self._queues: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue[Any]]] = {}
+        self._stats = EngineStats()
+        self._dead: str | None = None
+        self._reader = threading.Thread(target=self._read_loop, name="osserve-engine-reader", daemon=True)
+        self._reader.start()
+
+    @property
+    def max_model_len(self) -> int:
+        return self._max_model_len
+
+    @property
+    def is_ready(self) -> bool:
+        return self._dead is None and self._proc.is_alive()
+
+    @property
+    def tokenizer(self):  # type: ignore[no-untyped-def]
+        return self._tokenizer
+
+    def _send(self, msg: tuple[Any, ...]) -> None:
+        with self._send_lock:
+            self._commands.send(msg)
+
+    async def generate(
+        self, prompt_token_ids: list[int], params: SamplingParams, request_id: str
+    ) -> AsyncIterator[CompletionDelta]:
+        if self._dead is not None:
+            raise EngineDeadError(f"the engine stopped: {self._dead}")
+        if self._stats.num_waiting >= self.max_waiting:
+            raise OverloadedError("the server is overloaded: too many requests are waiting")
+        if request_id in self._queues:
+            raise errors.InvalidRequestError(f"request id {request_id!r} is already in use", "request_id")
+        queue: asyncio.Queue[Any] = asyncio.Queue()
+        self._queues[request_id] = (asyncio.get_running_loop(), queue)
+        self._send(("add", request_id, prompt_token_ids, params))
+        finished = False
+        try:
+            while not finished:
+                item = await queue.get()
+                if isinstance(item, _Rejected):
+                    finished = True
+                    raise getattr(errors, item.kind, errors.InvalidRequestError)(item.message, item.param)
+                finished = item.finished
+                yield item
+        finally:
+            if not finished:  # the caller went away (client disconnect): free the blocks now
+                await self.abort(request_id)
+
+    async def abort(self, request_id: str) -> None:
+        if self._dead is None:
+            self._send(("abort", request_id))
+
+    def stats(self) -> EngineStats:
+        return self._stats
+
+    def shutdown(self) -> None:
+        if self._proc.is_alive():
+            try:
+                self._send(("stop",))
+            except OSError:
+                pass
+            self._proc.join(timeout=10)
+            if self._proc.is_alive():
+                self._proc.terminate()
+
+    def _deliver(self, request_id: str, item: CompletionDelta | _Rejected) -> None:
+        target = self._queues.get(request_id)
+        if target is None:
+            return
+        loop, queue = target
+        if isinstance(item, _Rejected) or item.finished:
+            self._queues.pop(request_id, None)
+        loop.call_soon_threadsafe(queue.put_nowait, item)
+
+    def _read_loop(self) -> None:
+        try:
+            while True:
+                msg = self._outputs.recv()
+                if msg[0] == "dead":
+                    self._dead = msg[1]
+                    break
+                _, out, self._stats = msg
+                for item in out:
+                    if isinstance(item, tuple):
+                        self._deliver(item[0], item[1])
+                    else:
+                        self._deliver(item.request_id, item)
+        except (EOFError, OSError) as e:
+            self._dead = self._dead or f"the engine process exited ({e!r})"
+        # Fail every open request: the engine cannot finish them any more.
+        for rid in list(self._queues):
+            self._deliver(rid, CompletionDelta(
+                request_id=rid, new_token_ids=[], new_text="", new_logprobs=None, finished=True,
+                finish_reason="error", stop_reason=None, num_prompt_tokens=0, num_cached_tokens=0,
+                num_output_tokens=0, error=self._dead or "the engine process exited"))

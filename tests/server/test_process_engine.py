@@ -1,0 +1,73 @@
+"""The server with the engine in its own process (`--engine-process`): same answers as in-process,
+errors still typed (400 before anything streams), disconnects abort, and an engine that cannot
+start says why."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import time
+
+import httpx
+import pytest
+from openai import BadRequestError, OpenAI
+
+from osserve.demo.compact import expand_compact
+from osserve.demo.weights import DEMO_WEIGHTS
+from osserve.engine.load import EngineArgs
+from osserve.engine.process_engine import ProcessEngine
+from osserve.server.app import ServerConfig, create_app
+from tests.server.serving import serve
+
+MODEL = "demo"
+
+
+@pytest.fixture(scope="module")
+def engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ProcessEngine]:
+    model_dir = expand_compact(DEMO_WEIGHTS, tmp_path_factory.mktemp("demo"))
+    eng = ProcessEngine(EngineArgs(model=str(model_dir), device="cpu", max_model_len=1024))
+    yield eng
+    eng.shutdown()
+
+
+@pytest.fixture(scope="module")
+def base(engine: ProcessEngine) -> Iterator[str]:
+    with serve(create_app(engine, engine.tokenizer, ServerConfig(model_name=MODEL))) as url:
+        yield url
+
+
+def test_answers_stream_and_usage(base: str) -> None:
+    c = OpenAI(base_url=base + "/v1", api_key="x")
+    msgs = [{"role": "user", "content": "What is 21 + 34?"}]
+    r = c.chat.completions.create(model=MODEL, messages=msgs, temperature=0)  # type: ignore[arg-type]
+    assert r.choices[0].message.content == "21 + 34 = 55." and r.usage and r.usage.completion_tokens > 10
+    chunks = list(c.chat.completions.create(model=MODEL, messages=msgs, temperature=0, stream=True))  # type: ignore[arg-type]
+    assert "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices) == "21 + 34 = 55."
+
+
+def test_bad_input_is_a_400_and_the_engine_lives_on(base: str, engine: ProcessEngine) -> None:
+    c = OpenAI(base_url=base + "/v1", api_key="x", max_retries=0)
+    with pytest.raises(BadRequestError) as e:
+        c.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=5000)
+    assert "context length" in str(e.value)
+    with pytest.raises(BadRequestError):  # rejected inside the engine process, typed all the same
+        c.completions.create(model=MODEL, prompt=[[10**7]], max_tokens=4)
+    r = c.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Hi"}], temperature=0)
+    assert r.choices[0].message.content and engine.is_ready
+
+
+def test_disconnect_aborts_and_frees_the_engine(base: str, engine: ProcessEngine) -> None:
+    body = {"model": MODEL, "prompt": "count", "max_tokens": 900, "stream": True, "ignore_eos": True}
+    with httpx.stream("POST", base + "/v1/completions", json=body, timeout=60) as r:
+        for _ in r.iter_lines():
+            break  # one chunk, then hang up
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and (engine.stats().num_running or engine.stats().num_waiting):
+        time.sleep(0.1)
+    assert engine.stats().num_running == 0 and engine.stats().num_waiting == 0
+
+
+def test_an_engine_that_cannot_start_says_why(tmp_path: Path) -> None:
+    with pytest.raises(Exception, match="failed to start"):
+        ProcessEngine(EngineArgs(model=str(tmp_path), device="cpu"))  # no checkpoint there
