@@ -4,10 +4,9 @@ start says why."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from pathlib import Path
-
-import time
 
 import httpx
 import pytest
