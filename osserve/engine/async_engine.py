@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
 from osserve.engine.engine import LLMEngine
-from osserve.engine.outputs import CompletionDelta, EngineClient, EngineStats
+from osserve.engine.outputs import CompletionDelta, EngineClient, EngineStats, coalesce
 from osserve.engine.sampling_params import SamplingParams
 from osserve.errors import EngineDeadError, OsserveError, OverloadedError
 
@@ -70,7 +70,7 @@ class AsyncEngine:
         finished = False
         try:
             while not finished:
-                delta = await queue.get()
+                delta = coalesce(await queue.get(), queue)
                 finished = delta.finished
                 yield delta
         finally:

@@ -3,6 +3,7 @@ interface a server needs (`EngineClient`), so server tests can pass a stub that 
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -35,6 +36,30 @@ class CompletionDelta:
     num_output_tokens: int  # so far
     error: str | None = None
     queue_time: float | None = None  # seconds from arrival to first scheduling (on the last delta)
+
+    def then(self, later: CompletionDelta) -> CompletionDelta:
+        """This delta followed by a later one of the same request, as one delta. A consumer that
+        fell behind takes every waiting delta at once (coalesce), so a busy server writes one
+        chunk per request per turn instead of one per token."""
+        logprobs = None if self.new_logprobs is None and later.new_logprobs is None else \
+            (self.new_logprobs or []) + (later.new_logprobs or [])
+        return CompletionDelta(
+            request_id=self.request_id, new_token_ids=self.new_token_ids + later.new_token_ids,
+            new_text=self.new_text + later.new_text, new_logprobs=logprobs, finished=later.finished,
+            finish_reason=later.finish_reason, stop_reason=later.stop_reason,
+            num_prompt_tokens=later.num_prompt_tokens, num_cached_tokens=later.num_cached_tokens,
+            num_output_tokens=later.num_output_tokens, error=later.error,
+            queue_time=later.queue_time if later.queue_time is not None else self.queue_time,
+        )
+
+
+def coalesce(first: CompletionDelta, queue: asyncio.Queue[Any]) -> CompletionDelta:
+    """`first` joined with every delta already waiting in `queue` (none of them awaited), up to
+    the request's last. (An engine's rejection comes alone, before any delta.)"""
+    out = first
+    while not out.finished and not queue.empty():
+        out = out.then(queue.get_nowait())
+    return out
 
 
 @dataclass

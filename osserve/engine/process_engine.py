@@ -24,7 +24,7 @@ from typing import Any
 
 from osserve import errors
 from osserve.engine.load import EngineArgs
-from osserve.engine.outputs import CompletionDelta, EngineStats
+from osserve.engine.outputs import CompletionDelta, EngineStats, coalesce
 from osserve.engine.sampling_params import SamplingParams
 from osserve.errors import EngineDeadError, OsserveError, OverloadedError
 from osserve.tokenizer import load_tokenizer
@@ -147,6 +147,7 @@ class ProcessEngine:
                 if isinstance(item, _Rejected):
                     finished = True
                     raise getattr(errors, item.kind, errors.InvalidRequestError)(item.message, item.param)
+                item = coalesce(item, queue)
                 finished = item.finished
                 yield item
         finally:
