@@ -23,7 +23,7 @@ from osserve.ops.moe import ExpertWeights, fused_moe
 if TYPE_CHECKING:
     from osserve.ops.moe_triton import PreparedExperts
 from osserve.ops.norm import add_rms_norm, rms_norm
-from osserve.ops.rope import rope_and_cache, rope_cos_sin, yarn_inv_freq
+from osserve.ops.rope import RopeTable, rope_and_cache_table
 from osserve.ops.router import route
 
 SLIDING_GROUP = "sliding"
@@ -59,8 +59,8 @@ class Attention(nn.Module):
     def forward(
         self,
         x: torch.Tensor,  # [T, hidden]
-        cos: torch.Tensor,  # [T, head_dim/2] fp32
-        sin: torch.Tensor,
+        positions: torch.Tensor,  # [T] int64
+        rope: RopeTable,
         meta: AttentionMetadata,
         kv_cache: KVCache,
     ) -> torch.Tensor:
@@ -70,7 +70,7 @@ class Attention(nn.Module):
         v = self.v_proj(x).view(t, self.num_kv_heads, self.head_dim)
         tables = meta.groups[self.group]
         k_cache, v_cache = kv_cache
-        q, _ = rope_and_cache(q, k, v, cos, sin, k_cache, v_cache, tables.slot_mapping)
+        q, _ = rope_and_cache_table(q, k, v, positions, rope, k_cache, v_cache, tables.slot_mapping)
         out = paged_attention(
             q, k_cache, v_cache, self.sinks, meta, tables, self.scale, self.window
         )
@@ -133,8 +133,8 @@ class DecoderLayer(nn.Module):
         self,
         h: torch.Tensor,
         residual: torch.Tensor | None,
-        cos: torch.Tensor,
-        sin: torch.Tensor,
+        positions: torch.Tensor,
+        rope: RopeTable,
         meta: AttentionMetadata,
         kv_cache: KVCache,
     ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -144,7 +144,7 @@ class DecoderLayer(nn.Module):
             residual, x = h, rms_norm(h, self.input_layernorm.weight, self.eps)
         else:
             x, residual = add_rms_norm(h, residual, self.input_layernorm.weight, self.eps)
-        a = self.self_attn(x, cos, sin, meta, kv_cache)
+        a = self.self_attn(x, positions, rope, meta, kv_cache)
         x, residual = add_rms_norm(a, residual, self.post_attention_layernorm.weight, self.eps)
         return self.mlp(x), residual
 
@@ -163,9 +163,25 @@ class GptOssForCausalLM(nn.Module):
         self.config = cfg
         self.model = GptOssModel(cfg)
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
-        inv_freq, concentration = yarn_inv_freq(cfg.rope, cfg.head_dim)
-        self.inv_freq = nn.Buffer(inv_freq, persistent=False)
-        self.rope_concentration = concentration
+        self.build_rope_table()
+
+    def build_rope_table(self, device: torch.device | str | None = None) -> None:
+        """(Re)compute the RoPE cos/sin table for every position the config allows, on `device`
+        (default: the current default device, so a model built under `torch.device("meta")` costs
+        nothing until `build_model` calls this again on the real device).
+
+        The table is two non-persistent buffers, not a checkpoint tensor: `.to(device)` moves it,
+        `state_dict` leaves it out, and CUDA graphs see a fixed address. Its rows are exactly
+        what the per-step `rope_cos_sin(positions, ...)` gave, so outputs are unchanged."""
+        cfg = self.config
+        table = RopeTable.build(cfg.rope, cfg.head_dim, cfg.max_position_embeddings,
+                                device if device is not None else torch.get_default_device())
+        self.rope_cos = nn.Buffer(table.cos, persistent=False)
+        self.rope_sin = nn.Buffer(table.sin, persistent=False)
+
+    @property
+    def rope_table(self) -> RopeTable:
+        return RopeTable(self.rope_cos, self.rope_sin)
 
     def forward(
         self,
@@ -176,10 +192,10 @@ class GptOssForCausalLM(nn.Module):
     ) -> torch.Tensor:
         """Returns the final hidden states [T, hidden] (logits only where the runner asks)."""
         h = self.model.embed_tokens(input_ids)
-        cos, sin = rope_cos_sin(positions, self.inv_freq, self.rope_concentration)
+        rope = self.rope_table  # positions must be < max_position_embeddings
         residual: torch.Tensor | None = None
         for layer, kv in zip(self.model.layers, kv_caches, strict=True):
-            h, residual = layer(h, residual, cos, sin, meta, kv)
+            h, residual = layer(h, residual, positions, rope, meta, kv)
         assert residual is not None
         out, _ = add_rms_norm(h, residual, self.model.norm.weight, self.config.rms_norm_eps)
         return out
