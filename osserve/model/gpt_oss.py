@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from osserve.ops.moe_triton import PreparedExperts
 from osserve.ops.norm import add_rms_norm, rms_norm
 from osserve.ops.rope import RopeTable, rope_and_cache_table
-from osserve.ops.router import route
+from osserve.ops.router import route, router_counters
 
 SLIDING_GROUP = "sliding"
 FULL_GROUP = "full"
@@ -114,9 +114,12 @@ class MLP(nn.Module):
         self.experts = Experts(cfg)
         self.top_k = cfg.num_experts_per_tok
         self.swiglu_limit = cfg.swiglu_limit
+        # The fused small-batch router's scratch: zero at rest, left zero by each call, so it
+        # must be zeroed once on the device (build_buffers) and never saved.
+        self.router_counters = nn.Buffer(router_counters(torch.get_default_device()), persistent=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        weights, ids = route(x, self.router.weight, self.router.bias, self.top_k)
+        weights, ids = route(x, self.router.weight, self.router.bias, self.top_k, self.router_counters)
         return fused_moe(x, weights, ids, self.experts.weights(), self.swiglu_limit)
 
 
@@ -163,21 +166,25 @@ class GptOssForCausalLM(nn.Module):
         self.config = cfg
         self.model = GptOssModel(cfg)
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
-        self.build_rope_table()
+        self.build_buffers()
 
-    def build_rope_table(self, device: torch.device | str | None = None) -> None:
-        """(Re)compute the RoPE cos/sin table for every position the config allows, on `device`
-        (default: the current default device, so a model built under `torch.device("meta")` costs
-        nothing until `build_model` calls this again on the real device).
+    def build_buffers(self, device: torch.device | str | None = None) -> None:
+        """(Re)make the non-persistent buffers on `device`: the RoPE cos/sin table for every
+        position the config allows, and zeroed router counters (default: the current default
+        device, so a model built under `torch.device("meta")` costs nothing until `build_model`
+        calls this again on the real device, after `to_empty` left them uninitialised).
 
-        The table is two non-persistent buffers, not a checkpoint tensor: `.to(device)` moves it,
-        `state_dict` leaves it out, and CUDA graphs see a fixed address. Its rows are exactly
-        what the per-step `rope_cos_sin(positions, ...)` gave, so outputs are unchanged."""
+        They are not checkpoint tensors: `.to(device)` moves them, `state_dict` leaves them out,
+        and CUDA graphs see fixed addresses. The table's rows are exactly what the per-step
+        `rope_cos_sin(positions, ...)` gave, so outputs are unchanged."""
         cfg = self.config
-        table = RopeTable.build(cfg.rope, cfg.head_dim, cfg.max_position_embeddings,
-                                device if device is not None else torch.get_default_device())
+        device = device if device is not None else torch.get_default_device()
+        table = RopeTable.build(cfg.rope, cfg.head_dim, cfg.max_position_embeddings, device)
         self.rope_cos = nn.Buffer(table.cos, persistent=False)
         self.rope_sin = nn.Buffer(table.sin, persistent=False)
+        for module in self.modules():
+            if isinstance(module, MLP):
+                module.router_counters = nn.Buffer(router_counters(device), persistent=False)
 
     @property
     def rope_table(self) -> RopeTable:

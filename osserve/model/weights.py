@@ -121,7 +121,7 @@ def build_model(
     for p in model.parameters():
         p.data = p.data.to(dtype)
     # Non-persistent buffers are not in the checkpoint: compute them again on the device.
-    model.build_rope_table(device)
+    model.build_buffers(device)
     return model.eval().requires_grad_(False)
 
 

@@ -111,7 +111,7 @@ def _no_clamp(gate_up: torch.Tensor, limit: float) -> torch.Tensor:
     return gate * torch.sigmoid(gate * moe_module.SWIGLU_ALPHA) * (up + 1)
 
 
-def _softmax_before_topk(x, weight, bias, top_k):  # type: ignore[no-untyped-def]
+def _softmax_before_topk(x, weight, bias, top_k, counters=None):  # type: ignore[no-untyped-def]
     probs = torch.softmax(torch.nn.functional.linear(x, weight, bias), dim=-1)
     return torch.topk(probs, top_k, dim=-1)
 
