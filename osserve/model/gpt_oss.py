@@ -23,8 +23,8 @@ from osserve.ops.moe import ExpertWeights, fused_moe
 if TYPE_CHECKING:
     from osserve.ops.moe_triton import PreparedExperts
 from osserve.ops.norm import add_rms_norm, rms_norm
-from osserve.ops.rope import rope_and_cache, rope_cos_sin, yarn_inv_freq
-from osserve.ops.router import route
+from osserve.ops.rope import RopeTable, rope_and_cache_table
+from osserve.ops.router import route, router_counters
 
 SLIDING_GROUP = "sliding"
 FULL_GROUP = "full"
@@ -59,8 +59,8 @@ class Attention(nn.Module):
     def forward(
         self,
         x: torch.Tensor,  # [T, hidden]
-        cos: torch.Tensor,  # [T, head_dim/2] fp32
-        sin: torch.Tensor,
+        positions: torch.Tensor,  # [T] int64
+        rope: RopeTable,
         meta: AttentionMetadata,
         kv_cache: KVCache,
     ) -> torch.Tensor:
@@ -70,7 +70,7 @@ class Attention(nn.Module):
         v = self.v_proj(x).view(t, self.num_kv_heads, self.head_dim)
         tables = meta.groups[self.group]
         k_cache, v_cache = kv_cache
-        q, _ = rope_and_cache(q, k, v, cos, sin, k_cache, v_cache, tables.slot_mapping)
+        q, _ = rope_and_cache_table(q, k, v, positions, rope, k_cache, v_cache, tables.slot_mapping)
         out = paged_attention(
             q, k_cache, v_cache, self.sinks, meta, tables, self.scale, self.window
         )
@@ -114,9 +114,12 @@ class MLP(nn.Module):
         self.experts = Experts(cfg)
         self.top_k = cfg.num_experts_per_tok
         self.swiglu_limit = cfg.swiglu_limit
+        # The fused small-batch router's scratch: zero at rest, left zero by each call, so it
+        # must be zeroed once on the device (build_buffers) and never saved.
+        self.router_counters = nn.Buffer(router_counters(torch.get_default_device()), persistent=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        weights, ids = route(x, self.router.weight, self.router.bias, self.top_k)
+        weights, ids = route(x, self.router.weight, self.router.bias, self.top_k, self.router_counters)
         return fused_moe(x, weights, ids, self.experts.weights(), self.swiglu_limit)
 
 
@@ -133,8 +136,8 @@ class DecoderLayer(nn.Module):
         self,
         h: torch.Tensor,
         residual: torch.Tensor | None,
-        cos: torch.Tensor,
-        sin: torch.Tensor,
+        positions: torch.Tensor,
+        rope: RopeTable,
         meta: AttentionMetadata,
         kv_cache: KVCache,
     ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -144,7 +147,7 @@ class DecoderLayer(nn.Module):
             residual, x = h, rms_norm(h, self.input_layernorm.weight, self.eps)
         else:
             x, residual = add_rms_norm(h, residual, self.input_layernorm.weight, self.eps)
-        a = self.self_attn(x, cos, sin, meta, kv_cache)
+        a = self.self_attn(x, positions, rope, meta, kv_cache)
         x, residual = add_rms_norm(a, residual, self.post_attention_layernorm.weight, self.eps)
         return self.mlp(x), residual
 
@@ -163,9 +166,29 @@ class GptOssForCausalLM(nn.Module):
         self.config = cfg
         self.model = GptOssModel(cfg)
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
-        inv_freq, concentration = yarn_inv_freq(cfg.rope, cfg.head_dim)
-        self.inv_freq = nn.Buffer(inv_freq, persistent=False)
-        self.rope_concentration = concentration
+        self.build_buffers()
+
+    def build_buffers(self, device: torch.device | str | None = None) -> None:
+        """(Re)make the non-persistent buffers on `device`: the RoPE cos/sin table for every
+        position the config allows, and zeroed router counters (default: the current default
+        device, so a model built under `torch.device("meta")` costs nothing until `build_model`
+        calls this again on the real device, after `to_empty` left them uninitialised).
+
+        They are not checkpoint tensors: `.to(device)` moves them, `state_dict` leaves them out,
+        and CUDA graphs see fixed addresses. The table's rows are exactly what the per-step
+        `rope_cos_sin(positions, ...)` gave, so outputs are unchanged."""
+        cfg = self.config
+        device = device if device is not None else torch.get_default_device()
+        table = RopeTable.build(cfg.rope, cfg.head_dim, cfg.max_position_embeddings, device)
+        self.rope_cos = nn.Buffer(table.cos, persistent=False)
+        self.rope_sin = nn.Buffer(table.sin, persistent=False)
+        for module in self.modules():
+            if isinstance(module, MLP):
+                module.router_counters = nn.Buffer(router_counters(device), persistent=False)
+
+    @property
+    def rope_table(self) -> RopeTable:
+        return RopeTable(self.rope_cos, self.rope_sin)
 
     def forward(
         self,
@@ -176,10 +199,10 @@ class GptOssForCausalLM(nn.Module):
     ) -> torch.Tensor:
         """Returns the final hidden states [T, hidden] (logits only where the runner asks)."""
         h = self.model.embed_tokens(input_ids)
-        cos, sin = rope_cos_sin(positions, self.inv_freq, self.rope_concentration)
+        rope = self.rope_table  # positions must be < max_position_embeddings
         residual: torch.Tensor | None = None
         for layer, kv in zip(self.model.layers, kv_caches, strict=True):
-            h, residual = layer(h, residual, cos, sin, meta, kv)
+            h, residual = layer(h, residual, positions, rope, meta, kv)
         assert residual is not None
         out, _ = add_rms_norm(h, residual, self.model.norm.weight, self.config.rms_norm_eps)
         return out

@@ -18,7 +18,6 @@ from safetensors import safe_open
 from osserve.config import ModelConfig
 from osserve.errors import CheckpointError
 from osserve.model.gpt_oss import GptOssForCausalLM
-from osserve.ops.rope import yarn_inv_freq
 
 INDEX_FILE = "model.safetensors.index.json"
 SINGLE_FILE = "model.safetensors"
@@ -122,9 +121,7 @@ def build_model(
     for p in model.parameters():
         p.data = p.data.to(dtype)
     # Non-persistent buffers are not in the checkpoint: compute them again on the device.
-    model.inv_freq = torch.nn.Buffer(
-        yarn_inv_freq(cfg.rope, cfg.head_dim)[0].to(device), persistent=False
-    )
+    model.build_buffers(device)
     return model.eval().requires_grad_(False)
 
 

@@ -1,7 +1,8 @@
 """The gpt-oss router: a biased linear layer, top-k of its logits, softmax over those k.
 
-`route_reference` is the specification; `route` runs cuBLAS for the logits and one Triton kernel
-for top-k + softmax on CUDA tensors (ties: lower expert index first, see router_triton).
+`route_reference` is the specification. On CUDA tensors `route` runs, for T <= 128 (decode), one
+Triton kernel for logits + top-k + softmax (router_gemm_triton), and above that cuBLAS for the
+logits and one Triton kernel for top-k + softmax (router_triton). Ties: lower expert index first.
 """
 
 from __future__ import annotations
@@ -9,6 +10,15 @@ from __future__ import annotations
 import torch
 
 from osserve.ops.dispatch import use_triton
+
+FUSED_MAX_TOKENS = 128  # the fused logits + top-k kernel's range; above it cuBLAS wins
+
+
+def router_counters(device: torch.device | str) -> torch.Tensor:
+    """Zeroed scratch for the fused small-batch router (one counter per token block, so at most
+    one per token); the kernel leaves it zeroed. One per caller that may run concurrently with
+    another: the model keeps one per layer."""
+    return torch.zeros(FUSED_MAX_TOKENS, dtype=torch.int32, device=device)
 
 
 def route_reference(
@@ -21,10 +31,19 @@ def route_reference(
 
 
 def route(
-    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, top_k: int
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, top_k: int,
+    counters: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """x [T, H], weight [E, H], bias [E] -> (weights [T, k] in x's dtype, ids [T, k] int64)."""
+    """x [T, H], weight [E, H], bias [E] -> (weights [T, k] in x's dtype, ids [T, k] int64).
+
+    counters: the fused small-batch kernel's zeroed scratch (`router_counters`), kept by the
+    caller so the kernel needs no zero-fill launch of its own; None works, one launch slower.
+    """
     if use_triton(x) and top_k & (top_k - 1) == 0:
+        from osserve.ops.router_gemm_triton import fits_fused_router, router_gemm_topk_triton
+
+        if fits_fused_router(x.shape[0], weight.shape[0], top_k):
+            return router_gemm_topk_triton(x, weight, bias, top_k, counters)
         from osserve.ops.router_triton import route_triton
 
         return route_triton(x, weight, bias, top_k)

@@ -17,17 +17,10 @@ import triton.language as tl
 
 
 @triton.jit
-def _topk_softmax_kernel(
-    logits_ptr, w_ptr, ids_ptr, num_tokens, stride_t, E: tl.constexpr, K: tl.constexpr,
-    BLOCK_T: tl.constexpr, BLOCK_E: tl.constexpr,
-):  # noqa: ANN001
-    # One program: BLOCK_T rows of logits [BLOCK_T, BLOCK_E], all in registers (E <= a few hundred).
-    rows = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
-    cols = tl.arange(0, BLOCK_E)
-    row_ok = rows < num_tokens
-    alive = row_ok[:, None] & (cols[None, :] < E)
-    vals = tl.load(logits_ptr + rows.to(tl.int64)[:, None] * stride_t + cols[None, :], mask=alive,
-                   other=float("-inf")).to(tl.float32)
+def topk_softmax_rows(vals, alive, rows, row_ok, cols, w_ptr, ids_ptr, K: tl.constexpr,
+                      BLOCK_T: tl.constexpr, BLOCK_E: tl.constexpr):  # noqa: ANN001
+    """Top-K of each row of vals [BLOCK_T, BLOCK_E] (fp32; `alive` marks real entries), softmax
+    over those K, stored at rows of w_ptr / ids_ptr [T, K]. Shared with the fused router GEMM."""
     # K rounds of arg-max. `alive` (not a -inf overwrite) marks what is left, so genuine -inf
     # logits are still picked once each, lowest index first, never twice.
     top = tl.max(tl.where(alive, vals, float("-inf")), axis=1)  # round 0's max: the softmax shift
@@ -48,6 +41,21 @@ def _topk_softmax_kernel(
     out = rows.to(tl.int64)[:, None] * K + ks
     tl.store(w_ptr + out, w.to(w_ptr.dtype.element_ty), mask=row_ok[:, None])
     tl.store(ids_ptr + out, ids, mask=row_ok[:, None])
+
+
+@triton.jit
+def _topk_softmax_kernel(
+    logits_ptr, w_ptr, ids_ptr, num_tokens, stride_t, E: tl.constexpr, K: tl.constexpr,
+    BLOCK_T: tl.constexpr, BLOCK_E: tl.constexpr,
+):  # noqa: ANN001
+    # One program: BLOCK_T rows of logits [BLOCK_T, BLOCK_E], all in registers (E <= a few hundred).
+    rows = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
+    cols = tl.arange(0, BLOCK_E)
+    row_ok = rows < num_tokens
+    alive = row_ok[:, None] & (cols[None, :] < E)
+    vals = tl.load(logits_ptr + rows.to(tl.int64)[:, None] * stride_t + cols[None, :], mask=alive,
+                   other=float("-inf")).to(tl.float32)
+    topk_softmax_rows(vals, alive, rows, row_ok, cols, w_ptr, ids_ptr, K, BLOCK_T, BLOCK_E)
 
 
 def topk_softmax_triton(logits: torch.Tensor, top_k: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -1,5 +1,6 @@
-"""Norm, RoPE + KV-cache write and router kernels vs their references at gpt-oss shapes on CUDA
-(H 2880; 64 q / 8 kv heads, head_dim 64, block 16; E 32 and 128, top-4; T up to 8192), bf16."""
+"""Norm, RoPE + KV-cache write and router kernels (top-k; the fused small-batch GEMM + top-k) vs
+their references at gpt-oss shapes on CUDA (H 2880; 64 q / 8 kv heads, head_dim 64, block 16;
+E 32 and 128, top-4; T up to 8192), bf16."""
 
 from __future__ import annotations
 
@@ -11,7 +12,8 @@ from osserve.ops.norm import add_rms_norm_reference, rms_norm_reference
 from osserve.ops.norm_triton import add_rms_norm_triton, rms_norm_triton
 from osserve.ops.rope import RopeTable, rope_and_cache_reference, rope_and_cache_table_reference
 from osserve.ops.rope_triton import rope_and_cache_triton
-from osserve.ops.router import route_reference
+from osserve.ops.router import route, route_reference, router_counters
+from osserve.ops.router_gemm_triton import router_gemm_topk_triton
 from osserve.ops.router_triton import route_triton
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
@@ -102,3 +104,35 @@ def test_router_gpu(t: int, e: int) -> None:
     assert torch.equal(ids[tie_free], ref_ids[tie_free])
     assert (ids.sort(dim=1).values.diff(dim=1) > 0).all()  # no expert chosen twice
     rel_close(weights, ref_w)
+
+
+@pytest.mark.parametrize("t", [1, 2, 7, 64, 128])
+@pytest.mark.parametrize("e", [32, 128])
+@pytest.mark.parametrize("split", [None, 1, 7])
+def test_fused_router_gpu(t: int, e: int, split: int | None) -> None:
+    """The one-launch router (logits + top-k + softmax) against route_reference in fp32."""
+    g = torch.Generator(device="cuda").manual_seed(t * e)
+    x = torch.randn(t, HIDDEN, device="cuda", generator=g).bfloat16()
+    w = (torch.randn(e, HIDDEN, device="cuda", generator=g) / HIDDEN**0.5).bfloat16()
+    b = torch.randn(e, device="cuda", generator=g).bfloat16()
+    counters = router_counters("cuda")
+    weights, ids = router_gemm_topk_triton(x, w, b, 4, counters, split)
+    assert not counters.any()  # reset by each token block's last program
+    again_w, again_ids = router_gemm_topk_triton(x, w, b, 4, counters, split)
+    assert torch.equal(again_ids, ids) and torch.equal(again_w, weights)  # deterministic
+    ref_w, ref_ids = route_reference(x.float(), w.float(), b.float(), 4)
+    logits = torch.nn.functional.linear(x.float(), w.float(), b.float())
+    # The kernel rounds its fp32 logits to bf16 before the top-k (as F.linear's bf16 output is):
+    # the logits it picks are the fp32 top-4 up to that rounding, and the ids match wherever
+    # the fp32 top-5 are further apart than a bf16 ulp.
+    picked, best = logits.gather(1, ids), logits.gather(1, ref_ids)
+    assert ((picked - best).abs() <= 2**-7 * best.abs() + 1e-3).all()
+    top5 = logits.topk(5, dim=-1).values
+    tie_free = ((top5[:, :-1] - top5[:, 1:]) > 2**-7 * top5[:, :-1].abs() + 1e-4).all(dim=1)
+    assert tie_free.sum() >= t // 4
+    assert torch.equal(ids[tie_free], ref_ids[tie_free])
+    assert (ids.sort(dim=1).values.diff(dim=1) > 0).all()  # no expert chosen twice
+    rel_close(weights[tie_free], ref_w[tie_free].bfloat16(), 2e-2)
+    if split is None:  # `route` takes this path, with this split, for T <= 128 on CUDA
+        routed_w, routed_ids = route(x, w, b, 4, counters)
+        assert torch.equal(routed_ids, ids) and torch.equal(routed_w, weights)

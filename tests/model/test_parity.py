@@ -16,6 +16,7 @@ import torch
 import osserve.model.gpt_oss as gpt_oss_module
 import osserve.ops.moe as moe_module
 from osserve.model.weights import load_model
+from osserve.ops.rope import rope_cos_sin
 from tests.model.contiguous import ContiguousCache
 
 PROMPT_LENS = (300, 317, 129)
@@ -110,7 +111,7 @@ def _no_clamp(gate_up: torch.Tensor, limit: float) -> torch.Tensor:
     return gate * torch.sigmoid(gate * moe_module.SWIGLU_ALPHA) * (up + 1)
 
 
-def _softmax_before_topk(x, weight, bias, top_k):  # type: ignore[no-untyped-def]
+def _softmax_before_topk(x, weight, bias, top_k, counters=None):  # type: ignore[no-untyped-def]
     probs = torch.softmax(torch.nn.functional.linear(x, weight, bias), dim=-1)
     return torch.topk(probs, top_k, dim=-1)
 
@@ -131,8 +132,9 @@ def test_parity_detects_each_classic_mistake(  # type: ignore[no-untyped-def]
     if mutation == "yarn":  # plain RoPE: no frequency interpolation, no concentration
         dim = model.config.head_dim
         plain = 1.0 / (model.config.rope.theta ** (torch.arange(0, dim, 2).float() / dim))
-        monkeypatch.setattr(model, "inv_freq", plain)
-        monkeypatch.setattr(model, "rope_concentration", 1.0)
+        cos, sin = rope_cos_sin(torch.arange(model.rope_cos.shape[0]), plain, 1.0)
+        monkeypatch.setattr(model, "rope_cos", cos)
+        monkeypatch.setattr(model, "rope_sin", sin)
     else:
         mod, name, wrap = MUTATIONS[mutation]
         monkeypatch.setattr(mod, name, wrap(getattr(mod, name)))

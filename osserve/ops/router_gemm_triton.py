@@ -1,0 +1,140 @@
+"""Small-batch router in one launch: logits = x·Wᵀ + b, top-k, softmax over the k (T <= 128).
+
+At decode sizes the router GEMM ([T, 2880] × [2880, E], E 32 or 128) reads only the weight
+(184 / 737 KB) and costs mostly launch latency: cuBLAS for the logits plus the top-k kernel are
+two launches and a [T, E] round trip through memory. Here one kernel does both (the idea of
+SGLang PR #20755, with the top-k fused in).
+
+Work split: programs form a (token block, H split) grid. One program reading the whole weight
+would be bound by one SM's bandwidth, so H is split across SPLIT programs per token block; each
+writes its fp32 partial logits [BLOCK_T, E] to a scratch buffer, then bumps a per-token-block
+counter. The program that finds itself last sums the partials in split order (so results are
+deterministic, unlike atomic adds), adds the bias, rounds to x's dtype (as F.linear's output
+would be, so expert choice matches the cuBLAS path), runs top-k + softmax, and resets the counter
+to 0 for the next call. The counters must therefore start at zero and persist across calls:
+`router.router_counters` makes them; the model keeps one set per MLP (a non-persistent buffer),
+so inside a CUDA graph the fused router is a single node.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from osserve.ops.router import FUSED_MAX_TOKENS, router_counters
+from osserve.ops.router_triton import topk_softmax_rows
+
+MAX_EXPERTS = 256  # [BLOCK_T, BLOCK_E] fp32 tiles stay in registers
+BLOCK_T = 16  # tl.dot's minimum M; rows past T are masked (their loads cost nothing)
+BLOCK_H = 64
+TARGET_PROGRAMS = 64  # enough SMs pulling on the weight that the GEMV is not bandwidth bound
+
+
+@triton.jit
+def _router_gemm_topk_kernel(
+    x_ptr, w_ptr, b_ptr, part_ptr, cnt_ptr, out_w_ptr, out_ids_ptr,
+    num_tokens, hidden, stride_xt, stride_we, h_per_split, split, part_rows,
+    E: tl.constexpr, K: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_E: tl.constexpr,
+    BLOCK_H: tl.constexpr, SPLIT_H: tl.constexpr, DOT_PRECISION: tl.constexpr,
+):  # noqa: ANN001
+    pid_t = tl.program_id(0)
+    pid_s = tl.program_id(1)
+    rows = pid_t * BLOCK_T + tl.arange(0, BLOCK_T)
+    cols = tl.arange(0, BLOCK_E)
+    row_ok = rows < num_tokens
+    col_ok = cols < E
+    x_rows = x_ptr + rows.to(tl.int64)[:, None] * stride_xt
+    w_cols = w_ptr + cols.to(tl.int64)[None, :] * stride_we
+
+    acc = tl.zeros([BLOCK_T, BLOCK_E], dtype=tl.float32)
+    h_start = pid_s * h_per_split
+    h_end = tl.minimum(h_start + h_per_split, hidden)
+    for h in range(h_start, h_end, BLOCK_H):
+        hs = h + tl.arange(0, BLOCK_H)
+        h_ok = hs < h_end
+        xb = tl.load(x_rows + hs[None, :], mask=row_ok[:, None] & h_ok[None, :], other=0.0)
+        wb = tl.load(w_cols + hs[:, None], mask=h_ok[:, None] & col_ok[None, :], other=0.0)
+        acc = tl.dot(xb, wb, acc, input_precision=DOT_PRECISION)
+
+    alive = row_ok[:, None] & col_ok[None, :]
+    if SPLIT_H:
+        # Publish this split's partial; the last of the token block's programs finishes the job.
+        tile = (pid_s * part_rows + rows)[:, None] * BLOCK_E + cols[None, :]
+        tl.store(part_ptr + tile, acc, mask=alive)
+        tl.debug_barrier()  # every thread's partial is written before the counter moves
+        done = tl.atomic_add(cnt_ptr + pid_t, 1, sem="acq_rel")
+        if done == split - 1:
+            logits = tl.zeros([BLOCK_T, BLOCK_E], dtype=tl.float32)
+            for s in range(0, split):  # fixed order: deterministic sums
+                tile = (s * part_rows + rows)[:, None] * BLOCK_E + cols[None, :]
+                # .cg: read from L2, where the other SMs' partials are, never a stale L1 line.
+                logits += tl.load(part_ptr + tile, mask=alive, other=0.0, cache_modifier=".cg")
+            tl.atomic_xchg(cnt_ptr + pid_t, 0)  # ready for the next call
+            _bias_topk_softmax(logits, b_ptr, alive, rows, row_ok, cols, col_ok, x_ptr,
+                               out_w_ptr, out_ids_ptr, K, BLOCK_T, BLOCK_E)
+    else:
+        _bias_topk_softmax(acc, b_ptr, alive, rows, row_ok, cols, col_ok, x_ptr,
+                           out_w_ptr, out_ids_ptr, K, BLOCK_T, BLOCK_E)
+
+
+@triton.jit
+def _bias_topk_softmax(logits, b_ptr, alive, rows, row_ok, cols, col_ok, x_ptr, out_w_ptr,
+                       out_ids_ptr, K: tl.constexpr, BLOCK_T: tl.constexpr,
+                       BLOCK_E: tl.constexpr):  # noqa: ANN001
+    bias = tl.load(b_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)
+    # Round to x's dtype as F.linear's output is: same expert choice as the unfused path.
+    logits = (logits + bias[None, :]).to(x_ptr.dtype.element_ty).to(tl.float32)
+    topk_softmax_rows(logits, alive, rows, row_ok, cols, out_w_ptr, out_ids_ptr, K, BLOCK_T, BLOCK_E)
+
+
+def fits_fused_router(num_tokens: int, num_experts: int, top_k: int) -> bool:
+    return num_tokens <= FUSED_MAX_TOKENS and num_experts <= MAX_EXPERTS and top_k & (top_k - 1) == 0
+
+
+def default_split(num_tokens: int, hidden: int) -> int:
+    """H splits per token block: about TARGET_PROGRAMS programs in all, at least one H block each."""
+    token_blocks = triton.cdiv(num_tokens, BLOCK_T)
+    return max(1, min(TARGET_PROGRAMS // token_blocks, triton.cdiv(hidden, BLOCK_H)))
+
+
+def router_gemm_topk_triton(
+    x: torch.Tensor,  # [T, H], T <= FUSED_MAX_TOKENS
+    weight: torch.Tensor,  # [E, H]
+    bias: torch.Tensor,  # [E]
+    top_k: int,  # a power of two
+    counters: torch.Tensor | None = None,  # from router_counters; None: fresh zeros (one more launch)
+    split: int | None = None,  # H splits per token block (None: default_split)
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(softmax over the top-k logits [T, k] in x's dtype, expert ids [T, k] int64), as
+    `route_reference` up to fp32 accumulation order; ties: lower expert index first."""
+    t, h = x.shape
+    e = weight.shape[0]
+    assert fits_fused_router(t, e, top_k) and top_k <= e, (t, e, top_k)
+    assert weight.shape[1] == h and bias.shape == (e,) and x.stride(1) == 1 and weight.stride(1) == 1
+    weights = torch.empty(t, top_k, dtype=x.dtype, device=x.device)
+    ids = torch.empty(t, top_k, dtype=torch.int64, device=x.device)
+    if t == 0:
+        return weights, ids
+    token_blocks = triton.cdiv(t, BLOCK_T)
+    split = split or default_split(t, h)
+    # Whole BLOCK_H blocks per split, so only the last split sees a ragged end.
+    h_per_split = triton.cdiv(triton.cdiv(h, split), BLOCK_H) * BLOCK_H
+    split = triton.cdiv(h, h_per_split)
+    block_e = max(16, triton.next_power_of_2(e))
+    part_rows = token_blocks * BLOCK_T
+    if split > 1:
+        partials = torch.empty(split * part_rows * block_e, dtype=torch.float32, device=x.device)
+        if counters is None:
+            counters = router_counters(x.device)
+        assert counters.dtype == torch.int32 and counters.numel() >= token_blocks
+    else:
+        partials = counters = weights  # unused: the kernel's single-split branch is compiled
+    _router_gemm_topk_kernel[(token_blocks, split)](
+        x, weight, bias, partials, counters, weights, ids,
+        t, h, x.stride(0), weight.stride(0), h_per_split, split, part_rows,
+        E=e, K=top_k, BLOCK_T=BLOCK_T, BLOCK_E=block_e, BLOCK_H=BLOCK_H, SPLIT_H=split > 1,
+        # fp32 (CPU tests, fp32 models): no silent TF32; bf16 ignores the setting.
+        DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32", num_warps=4,
+    )
+    return weights, ids

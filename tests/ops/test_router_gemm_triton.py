@@ -1,0 +1,65 @@
+"""The fused small-batch router (logits GEMM + top-k + softmax in one kernel) against
+`route_reference` (TRITON_INTERPRET=1, CPU, float32, small odd shapes), H split or not."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from osserve.ops.router import route_reference, router_counters
+from osserve.ops.router_gemm_triton import fits_fused_router, router_gemm_topk_triton
+
+
+def tie_free_case(t: int, h: int, e: int, seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """x, weight, bias whose top-5 logits are well apart on every row, so only one answer is
+    right and fp32 summation order cannot change it."""
+    for s in range(seed, seed + 100):
+        g = torch.Generator().manual_seed(s)
+        x = torch.randn(t, h, generator=g)
+        w = torch.randn(e, h, generator=g) / h**0.5
+        b = torch.randn(e, generator=g)
+        top = torch.nn.functional.linear(x, w, b).topk(5, dim=-1).values
+        if (top[:, :-1] - top[:, 1:] > 1e-4).all():
+            return x, w, b
+    pytest.fail("no tie-free draw")
+
+
+@pytest.mark.parametrize("t", [1, 3, 17])
+@pytest.mark.parametrize("e", [8, 32])
+@pytest.mark.parametrize(("h", "split"), [(64, None), (128, None), (128, 1), (320, 3), (320, 5)])
+def test_fused_router_matches_reference(t: int, e: int, h: int, split: int | None) -> None:
+    x, w, b = tie_free_case(t, h, e, seed=t * e + h)
+    counters = router_counters("cpu")
+    ref_w, ref_ids = route_reference(x, w, b, 4)
+    weights, ids = router_gemm_topk_triton(x, w, b, 4, counters, split)
+    assert ids.dtype == torch.int64 and torch.equal(ids, ref_ids)
+    assert weights.dtype == x.dtype and (weights - ref_w).abs().max().item() < 1e-5
+    assert not counters.any()  # the last program of each token block reset its counter
+    again_w, again_ids = router_gemm_topk_triton(x, w, b, 4, counters, split)
+    assert torch.equal(again_ids, ids) and torch.equal(again_w, weights)  # deterministic
+
+
+def test_fused_router_strided_x_and_no_counters() -> None:
+    """x may be a row-strided view; without counters the kernel makes its own."""
+    x, w, b = tie_free_case(5, 192, 16, seed=7)
+    wide = torch.zeros(5, 300)
+    wide[:, 10:202] = x
+    weights, ids = router_gemm_topk_triton(wide[:, 10:202], w, b, 2, None, split=3)
+    ref_w, ref_ids = route_reference(x, w, b, 2)
+    assert torch.equal(ids, ref_ids) and (weights - ref_w).abs().max().item() < 1e-5
+
+
+def test_fused_router_ties_lower_index_first() -> None:
+    x = torch.ones(2, 64)
+    w = torch.zeros(8, 64)  # logits = bias
+    b = torch.tensor([1.0, 3.0, 3.0, 0.0, 3.0, -1.0, 2.0, 3.0])
+    weights, ids = router_gemm_topk_triton(x, w, b, 4, router_counters("cpu"), split=1)
+    assert ids.tolist() == [[1, 2, 4, 7]] * 2
+    assert torch.allclose(weights, torch.full((2, 4), 0.25))
+
+
+def test_fits_fused_router() -> None:
+    assert fits_fused_router(1, 32, 4) and fits_fused_router(128, 128, 4)
+    assert not fits_fused_router(129, 32, 4)
+    assert not fits_fused_router(1, 512, 4)
+    assert not fits_fused_router(1, 32, 3)
