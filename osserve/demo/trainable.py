@@ -27,7 +27,7 @@ from osserve.model.gpt_oss import MLP, DecoderLayer, GptOssForCausalLM
 from osserve.ops.moe import swiglu
 from osserve.ops.mxfp4 import dequantize_mxfp4, quantize_mxfp4
 from osserve.ops.norm import rms_norm_reference
-from osserve.ops.rope import apply_rope, rope_cos_sin
+from osserve.ops.rope import apply_rope
 from osserve.ops.router import route_reference
 
 # The demo architecture: gpt-oss's structure (alternating 128-token sliding window and full
@@ -116,7 +116,7 @@ class DemoTrainable(nn.Module):
         cfg, net = self.cfg, self.net
         b, s = ids.shape
         h = net.model.embed_tokens(ids)
-        cos, sin = rope_cos_sin(torch.arange(s, device=ids.device), net.inv_freq, net.rope_concentration)
+        cos, sin = net.rope_cos[:s], net.rope_sin[:s]  # the served model's YaRN table
         balance = h.new_zeros(())
         layers: list[DecoderLayer] = list(net.model.layers)  # type: ignore[arg-type]
         for n, layer in enumerate(layers):
