@@ -100,9 +100,17 @@ def main() -> None:
     ap.add_argument("--output-len", type=int, default=512)
     ap.add_argument("--gpu-memory-utilization", type=float, default=0.90)
     ap.add_argument("--skip", default="", help="comma list of: b32,prefill,profile,moe")
+    ap.add_argument("--router-ab", action="store_true",
+                    help="each preset twice: the router on cuBLAS + top-k kernel, then the fused small-batch kernel")
     args = ap.parse_args()
     rows, results = [], {}
-    for name in args.presets.split(","):
+    runs = [(p, v) for p in args.presets.split(",") for v in (("cublas-router", "fused-router") if args.router_ab
+                                                              else ("",))]
+    for name, variant in runs:
+        import osserve.ops.router_gemm_triton as fused_router
+
+        fused_router.FUSED_MAX_TOKENS = 0 if variant == "cublas-router" else 128  # A/B switch, this script only
+        label = f"{name}/{variant}" if variant else name
         engine = build_engine(EngineArgs(load_format="dummy", preset=name, max_model_len=8192, max_num_seqs=64,
                                          max_num_batched_tokens=16384,
                                          gpu_memory_utilization=args.gpu_memory_utilization))
@@ -116,12 +124,12 @@ def main() -> None:
         moe = {"b1_us": 0.0, "b1_GBps": 0.0, "b32_GBps": 0.0} if "moe" in skip else moe_bandwidth(name)
         need = bytes_per_decode_token(name, 1024 + args.output_len // 2)
         bw = need / (b1.tpot_median_ms / 1000) / 1e12
-        results[name] = {"batch1": vars(b1), "batch32": vars(b32), "prefill_8x2048": vars(pre),
+        results[label] = {"batch1": vars(b1), "batch32": vars(b32), "prefill_8x2048": vars(pre),
                          "decode_step_breakdown_ms": breakdown, "bytes_per_token": need,
                          "batch1_TBps": bw, "moe_alone": moe, "peak_gib": torch.cuda.max_memory_allocated() / 2**30}
-        rows.append((name, b1.decode_tok_s, b1.tpot_median_ms, bw, b32.decode_tok_s, pre.prefill_tok_s,
+        rows.append((label, b1.decode_tok_s, b1.tpot_median_ms, bw, b32.decode_tok_s, pre.prefill_tok_s,
                      torch.cuda.max_memory_allocated() / 2**30, moe["b1_us"], moe["b1_GBps"], moe["b32_GBps"]))
-        print(name, json.dumps(results[name], indent=1), flush=True)
+        print(label, json.dumps(results[label], indent=1), flush=True)
         del engine
         gc.collect()
         torch.cuda.empty_cache()
@@ -130,10 +138,10 @@ def main() -> None:
         with open(args.out, "w") as f:
             json.dump(results, f, indent=2)
     print(f"\n{torch.cuda.get_device_name()}")
-    print(f"{'preset':>7} {'b1 tok/s':>9} {'b1 TPOT ms':>10} {'b1 TB/s':>8} {'b32 tok/s':>10} "
+    print(f"{'preset':>20} {'b1 tok/s':>9} {'b1 TPOT ms':>10} {'b1 TB/s':>8} {'b32 tok/s':>10} "
           f"{'prefill tok/s':>13} {'peak GiB':>9} {'MoE b1 us':>9} {'MoE b1 GB/s':>11} {'MoE b32 GB/s':>12}")
     for r in rows:
-        print(f"{r[0]:>7} {r[1]:>9.1f} {r[2]:>10.3f} {r[3]:>8.2f} {r[4]:>10.1f} {r[5]:>13.0f} {r[6]:>9.1f} "
+        print(f"{r[0]:>20} {r[1]:>9.1f} {r[2]:>10.3f} {r[3]:>8.2f} {r[4]:>10.1f} {r[5]:>13.0f} {r[6]:>9.1f} "
               f"{r[7]:>9.1f} {r[8]:>11.0f} {r[9]:>12.0f}")
 
 

@@ -28,7 +28,9 @@ from osserve.ops.router_triton import topk_softmax_rows
 MAX_EXPERTS = 256  # [BLOCK_T, BLOCK_E] fp32 tiles stay in registers
 BLOCK_T = 16  # tl.dot's minimum M; rows past T are masked (their loads cost nothing)
 BLOCK_H = 64
-TARGET_PROGRAMS = 64  # enough SMs pulling on the weight that the GEMV is not bandwidth bound
+# H splits per token block. Measured on an H100 (benchmarks/bench_router.py, 2026-11-22), 8 was
+# the fastest at every T in 1..128 for E=32 and E=128 (1, 4, 16, 32, 45 were all slower).
+SPLIT_H = 8
 
 
 @triton.jit
@@ -93,9 +95,8 @@ def fits_fused_router(num_tokens: int, num_experts: int, top_k: int) -> bool:
 
 
 def default_split(num_tokens: int, hidden: int) -> int:
-    """H splits per token block: about TARGET_PROGRAMS programs in all, at least one H block each."""
-    token_blocks = triton.cdiv(num_tokens, BLOCK_T)
-    return max(1, min(TARGET_PROGRAMS // token_blocks, triton.cdiv(hidden, BLOCK_H)))
+    """H splits per token block: SPLIT_H, at least one H block each."""
+    return max(1, min(SPLIT_H, triton.cdiv(hidden, BLOCK_H)))
 
 
 def router_gemm_topk_triton(
