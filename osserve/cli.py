@@ -57,8 +57,9 @@ def build_parser() -> argparse.ArgumentParser:
     srv.add_argument("--served-model-name", default=None)
     srv.add_argument("--api-key", default=None)
     srv.add_argument("--max-waiting", type=int, default=None, help="queue bound; beyond it 503")
-    srv.add_argument("--engine-process", action="store_true",
-                     help="run the engine's step loop in a process of its own (no GIL shared with HTTP)")
+    srv.add_argument("--engine-process", action=argparse.BooleanOptionalAction, default=None,
+                     help="run the engine's step loop in a process of its own, sharing no GIL with the HTTP "
+                          "server (default: yes on a GPU, no on a CPU)")
     srv.add_argument("--showcase", action="store_true",
                      help="once up, send the demo model a question and a tool round trip, and print them")
 

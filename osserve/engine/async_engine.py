@@ -142,12 +142,15 @@ class AsyncEngine:
 
 
 def build_async_engine(args) -> EngineClient:  # type: ignore[no-untyped-def]
-    """For `osserve serve`: the engine from the CLI flags, its step loop in a thread, or with
-    --engine-process in a process of its own (osserve/engine/process_engine.py)."""
-    from osserve.engine.load import EngineArgs, build_engine
+    """For `osserve serve`: the engine from the CLI flags, its step loop in a thread or (with
+    --engine-process, the default on a GPU) in a process of its own (engine/process_engine.py)."""
+    from osserve.engine.load import EngineArgs, build_engine, resolve_device
 
     engine_args = EngineArgs.from_namespace(args)
-    if getattr(args, "engine_process", False):
+    in_process = getattr(args, "engine_process", None)
+    if in_process is None:  # on a GPU the host is the bottleneck: give the engine its own GIL
+        in_process = resolve_device(engine_args.device).type == "cuda"
+    if in_process:
         from osserve.engine.process_engine import ProcessEngine
 
         return ProcessEngine(engine_args, max_waiting=getattr(args, "max_waiting", None))
