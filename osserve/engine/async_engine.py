@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
 from osserve.engine.engine import LLMEngine
-from osserve.engine.outputs import CompletionDelta, EngineClient, EngineStats, coalesce
+from osserve.engine.outputs import CompletionDelta, EngineClient, EngineStats, coalesce, error_delta
 from osserve.engine.sampling_params import SamplingParams
 from osserve.errors import EngineDeadError, OsserveError, OverloadedError
 
@@ -115,7 +115,7 @@ class AsyncEngine:
                     try:
                         self.engine.add_request(rid, prompt, params)
                     except OsserveError as e:  # validated already; a race on ids at most
-                        deltas.append(self._error_delta(rid, str(e)))
+                        deltas.append(error_delta(rid, str(e)))
                 deltas += [d for rid in aborts if (d := self.engine.abort(rid)) is not None]
                 busy = self.engine.has_unfinished()
                 if busy:
@@ -129,16 +129,8 @@ class AsyncEngine:
         except Exception as e:  # the loop must never die silently: fail every open request
             log.exception("engine step loop failed")
             self._dead = repr(e)
-            failed = [self._error_delta(rid, self._dead) for rid in list(self._queues)]
+            failed = [error_delta(rid, self._dead) for rid in list(self._queues)]
             self._deliver(failed)
-
-    @staticmethod
-    def _error_delta(request_id: str, message: str) -> CompletionDelta:
-        return CompletionDelta(
-            request_id=request_id, new_token_ids=[], new_text="", new_logprobs=None, finished=True,
-            finish_reason="error", stop_reason=None, num_prompt_tokens=0, num_cached_tokens=0,
-            num_output_tokens=0, error=message,
-        )
 
 
 def build_async_engine(args) -> EngineClient:  # type: ignore[no-untyped-def]

@@ -53,6 +53,15 @@ class CompletionDelta:
         )
 
 
+def error_delta(request_id: str, message: str) -> CompletionDelta:
+    """The last delta of a request the engine could not finish (the step loop died)."""
+    return CompletionDelta(
+        request_id=request_id, new_token_ids=[], new_text="", new_logprobs=None, finished=True,
+        finish_reason="error", stop_reason=None, num_prompt_tokens=0, num_cached_tokens=0,
+        num_output_tokens=0, error=message,
+    )
+
+
 def coalesce(first: CompletionDelta, queue: asyncio.Queue[Any]) -> CompletionDelta:
     """`first` joined with every delta already waiting in `queue` (none of them awaited), up to
     the request's last. (An engine's rejection comes alone, before any delta.)"""

@@ -24,7 +24,7 @@ from typing import Any
 
 from osserve import errors
 from osserve.engine.load import EngineArgs
-from osserve.engine.outputs import CompletionDelta, EngineStats, coalesce
+from osserve.engine.outputs import CompletionDelta, EngineStats, coalesce, error_delta
 from osserve.engine.sampling_params import SamplingParams
 from osserve.errors import EngineDeadError, OsserveError, OverloadedError
 from osserve.tokenizer import load_tokenizer
@@ -197,7 +197,4 @@ class ProcessEngine:
             self._dead = self._dead or f"the engine process exited ({e!r})"
         # Fail every open request: the engine cannot finish them any more.
         for rid in list(self._queues):
-            self._deliver(rid, CompletionDelta(
-                request_id=rid, new_token_ids=[], new_text="", new_logprobs=None, finished=True,
-                finish_reason="error", stop_reason=None, num_prompt_tokens=0, num_cached_tokens=0,
-                num_output_tokens=0, error=self._dead or "the engine process exited"))
+            self._deliver(rid, error_delta(rid, self._dead or "the engine process exited"))

@@ -70,3 +70,26 @@ def test_disconnect_aborts_and_frees_the_engine(base: str, engine: ProcessEngine
 def test_an_engine_that_cannot_start_says_why(tmp_path: Path) -> None:
     with pytest.raises(Exception, match="failed to start"):
         ProcessEngine(EngineArgs(model=str(tmp_path), device="cpu"))  # no checkpoint there
+
+
+def test_a_killed_engine_fails_open_requests_instead_of_hanging(tmp_path: Path) -> None:
+    import asyncio
+
+    from osserve.engine.sampling_params import SamplingParams
+
+    eng = ProcessEngine(EngineArgs(model=str(expand_compact(DEMO_WEIGHTS, tmp_path)), device="cpu",
+                                   max_model_len=1024))
+
+    async def run() -> list:  # type: ignore[type-arg]
+        got = []
+        params = SamplingParams(max_tokens=900, ignore_eos=True, temperature=0)
+        async for d in eng.generate([200006, 1000, 2000], params, "doomed"):
+            got.append(d)
+            if len(got) == 2:
+                eng._proc.kill()  # the engine process dies mid-request
+        return got
+
+    deltas = asyncio.run(asyncio.wait_for(run(), timeout=60))
+    assert deltas[-1].finished and deltas[-1].finish_reason == "error" and deltas[-1].error
+    assert not eng.is_ready
+    eng.shutdown()
