@@ -10,14 +10,12 @@ loader reads. A few MB instead of the ~200 MB the two full-vocabulary matrices w
 from __future__ import annotations
 
 import json
-from dataclasses import replace
 from pathlib import Path
 
 import torch
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
-from osserve.config import ModelConfig
 from osserve.demo.trainable import DemoTrainable
 from osserve.model.weights import SINGLE_FILE, checkpoint_layout
 from osserve.ops.mxfp4 import quantize_mxfp4
@@ -34,8 +32,7 @@ def compact_state(model: DemoTrainable) -> dict[str, torch.Tensor]:
         for name, w in (("gate_up_proj", model.gate_up[n]), ("down_proj", model.down[n])):
             blocks, scales = quantize_mxfp4(w.detach().float().cpu())
             out[x + name + "_blocks"], out[x + name + "_scales"] = blocks, scales
-    full_cfg = replace_vocab(model.cfg, model.full_vocab_size)
-    for name, (shape, dtype) in checkpoint_layout(full_cfg).items():
+    for name, (shape, dtype) in checkpoint_layout(model.served_config).items():
         if name in out:
             continue
         t = state[name]
@@ -45,15 +42,10 @@ def compact_state(model: DemoTrainable) -> dict[str, torch.Tensor]:
     return out
 
 
-def replace_vocab(cfg: ModelConfig, vocab_size: int) -> ModelConfig:
-    return replace(cfg, vocab_size=vocab_size)
-
-
 def save_compact(model: DemoTrainable, path: str | Path, metadata: dict[str, str]) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    cfg = replace_vocab(model.cfg, model.full_vocab_size)
-    meta = {"config": json.dumps(cfg.to_hf_dict()), **metadata}
+    meta = {"config": json.dumps(model.served_config.to_hf_dict()), **metadata}
     save_file(compact_state(model), str(path), metadata=meta)
     return path
 

@@ -21,11 +21,19 @@ import httpx
 
 from osserve.demo.corpus import TIME_TOOL, WEATHER_TOOL
 from osserve.demo.evaluate import fake_service
+from osserve.harmony.render import FunctionTool
 
 QUESTION = "What is 37 + 45?"
 TOOL_QUESTION = "What is the weather in Paris?"
-TOOLS = [{"type": "function", "function": {"name": t.name, "description": t.description, "parameters": t.parameters}}
-         for t in (WEATHER_TOOL, TIME_TOOL)]
+
+
+def chat_tools(tools: list[FunctionTool]) -> list[dict[str, Any]]:
+    """Function tools as a Chat Completions request declares them."""
+    return [{"type": "function", "function": {"name": t.name, "description": t.description,
+                                              "parameters": t.parameters}} for t in tools]
+
+
+TOOLS = chat_tools([WEATHER_TOOL, TIME_TOOL])
 
 
 @dataclass

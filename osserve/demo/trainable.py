@@ -88,6 +88,11 @@ class DemoTrainable(nn.Module):
         self.down = nn.ParameterList(nn.Parameter(torch.empty(e, h, i)) for _ in range(cfg.num_hidden_layers))
         self.quantize_experts = False
 
+    @property
+    def served_config(self) -> ModelConfig:
+        """The config of the expanded checkpoint: the full vocabulary."""
+        return replace(self.cfg, vocab_size=self.full_vocab_size)
+
     def init_weights(self, generator: torch.Generator) -> None:
         """GPT-2-style init: N(0, 0.02), output projections scaled down by the depth."""
         out_std = 0.02 / math.sqrt(2 * self.cfg.num_hidden_layers)

@@ -68,8 +68,7 @@ def _engine_main(args: EngineArgs, commands: Connection, outputs: Connection) ->
                 else:  # ("add", request_id, prompt_token_ids, params)
                     _, rid, prompt, params = msg
                     try:
-                        engine.validate_request(rid, prompt, params)
-                        engine.add_request(rid, prompt, params)
+                        engine.add_request(rid, prompt, params)  # validates first
                     except OsserveError as e:
                         out.append((rid, _Rejected(type(e).__name__, e.message, e.param)))
                 busy = True

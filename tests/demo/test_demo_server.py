@@ -15,17 +15,15 @@ from openai import OpenAI
 from osserve.demo.compact import expand_compact
 from osserve.demo.corpus import TIME_TOOL, WEATHER_TOOL
 from osserve.demo.evaluate import AskRequest, Reply, evaluate, fake_service, heldout_examples
-from osserve.demo.showcase import run_showcase
+from osserve.demo.showcase import chat_tools, run_showcase
 from osserve.demo.weights import DEMO_WEIGHTS
 from osserve.engine.async_engine import AsyncEngine
 from osserve.engine.load import EngineArgs, build_engine
-from osserve.harmony.render import FunctionTool
 from osserve.server.app import ServerConfig, create_app
 from tests.server.serving import serve
 
 MODEL = "osserve-demo"
-CHAT_TOOLS = [{"type": "function", "function": {"name": t.name, "description": t.description,
-                                                "parameters": t.parameters}} for t in (WEATHER_TOOL, TIME_TOOL)]
+CHAT_TOOLS = chat_tools([WEATHER_TOOL, TIME_TOOL])
 RESPONSES_TOOLS = [{"type": "function", **c["function"]} for c in CHAT_TOOLS]
 
 
@@ -42,11 +40,6 @@ def base(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 
 def _client(base: str) -> OpenAI:
     return OpenAI(base_url=base + "/v1", api_key="x", timeout=300)
-
-
-def _tool_dicts(tools: list[FunctionTool]) -> list[dict[str, Any]]:
-    return [{"type": "function", "function": {"name": t.name, "description": t.description,
-                                              "parameters": t.parameters}} for t in tools]
 
 
 def _message_dict(m: Any) -> dict[str, Any]:
@@ -69,7 +62,7 @@ def test_heldout_prompts_through_the_server(base: str) -> None:
     def one(r: AskRequest) -> Reply:
         resp = client.chat.completions.create(
             model=MODEL, messages=[_message_dict(m) for m in r.messages],  # type: ignore[misc]
-            tools=_tool_dicts(r.tools) or None, reasoning_effort=r.effort, temperature=0, max_tokens=200,  # type: ignore[arg-type]
+            tools=chat_tools(r.tools) or None, reasoning_effort=r.effort, temperature=0, max_tokens=200,  # type: ignore[arg-type]
         )
         m = resp.choices[0].message
         return Reply(m.content or "", [(c.function.name, c.function.arguments) for c in m.tool_calls or []])
