@@ -97,7 +97,7 @@ def main() -> None:
     for e in EXPERTS:
         for t in TOKENS:
             times, by_split = bench(t, e)
-            rows.append((e, t, default_split(t, HIDDEN), *times))
+            rows.append((e, t, default_split(HIDDEN), *times))
             sweep.append((e, t, by_split))
     print(f"\n{torch.cuda.get_device_name()}, bf16, H={HIDDEN}, top-{TOP_K}; eager do_bench medians and "
           f"per-call time inside a CUDA graph of {GRAPH_CALLS} calls (µs)")

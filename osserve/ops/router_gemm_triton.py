@@ -30,7 +30,7 @@ BLOCK_T = 16  # tl.dot's minimum M; rows past T are masked (their loads cost not
 BLOCK_H = 64
 # H splits per token block. Measured on an H100 (benchmarks/bench_router.py, 2026-11-22), 8 was
 # the fastest at every T in 1..128 for E=32 and E=128 (1, 4, 16, 32, 45 were all slower).
-SPLIT_H = 8
+H_SPLITS = 8
 
 
 @triton.jit
@@ -94,9 +94,9 @@ def fits_fused_router(num_tokens: int, num_experts: int, top_k: int) -> bool:
     return num_tokens <= FUSED_MAX_TOKENS and num_experts <= MAX_EXPERTS and top_k & (top_k - 1) == 0
 
 
-def default_split(num_tokens: int, hidden: int) -> int:
-    """H splits per token block: SPLIT_H, at least one H block each."""
-    return max(1, min(SPLIT_H, triton.cdiv(hidden, BLOCK_H)))
+def default_split(hidden: int) -> int:
+    """H splits per token block: H_SPLITS, at least one H block each."""
+    return max(1, min(H_SPLITS, triton.cdiv(hidden, BLOCK_H)))
 
 
 def router_gemm_topk_triton(
@@ -118,7 +118,7 @@ def router_gemm_topk_triton(
     if t == 0:
         return weights, ids
     token_blocks = triton.cdiv(t, BLOCK_T)
-    split = split or default_split(t, h)
+    split = split or default_split(h)
     # Whole BLOCK_H blocks per split, so only the last split sees a ragged end.
     h_per_split = triton.cdiv(triton.cdiv(h, split), BLOCK_H) * BLOCK_H
     split = triton.cdiv(h, h_per_split)
