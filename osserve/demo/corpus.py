@@ -20,9 +20,9 @@ import random
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from openai_harmony import Message, Role
+from openai_harmony import Message
 
-from osserve.harmony.render import ChatMessage, Effort, FunctionTool, ToolCall, render_chat
+from osserve.harmony.render import ChatMessage, Effort, FunctionTool, ToolCall, assistant_messages, render_chat
 from osserve.tokenizer import load_tokenizer
 
 Split = Literal["train", "heldout"]
@@ -63,7 +63,7 @@ WORDS = (
     "computer", "keyboard", "internet", "network", "server", "python", "banana", "cinnamon",
     "mississippi", "committee", "bookkeeper", "balloon", "occurrence", "assessment",
 )
-UNITS = (  # (from, to, factor, singular names for the fact line)
+UNITS = (  # (from, to, factor)
     ("km", "m", 1000), ("m", "cm", 100), ("kg", "g", 1000), ("hours", "minutes", 60),
     ("minutes", "seconds", 60), ("days", "hours", 24), ("feet", "inches", 12), ("weeks", "days", 7),
     ("liters", "milliliters", 1000), ("dollars", "cents", 100),
@@ -235,13 +235,9 @@ def draw_examples(rng: random.Random, n: int, split: Split) -> list[Example]:
 
 # ------------------------------------------------------------------ tokens
 def completion_messages(ex: Example) -> list[Message]:
-    msgs = [Message.from_role_and_content(Role.ASSISTANT, ex.reasoning).with_channel("analysis")]
-    if ex.tool_call is not None:
-        msgs.append(Message.from_role_and_content(Role.ASSISTANT, ex.tool_call.arguments).with_channel("commentary")
-                    .with_recipient(f"functions.{ex.tool_call.name}").with_content_type("<|constrain|>json"))
-    else:
-        msgs.append(Message.from_role_and_content(Role.ASSISTANT, ex.answer or "").with_channel("final"))
-    return msgs
+    """What the assistant writes, as the renderer renders such a turn in a later prompt."""
+    calls = [ex.tool_call] if ex.tool_call is not None else []
+    return assistant_messages(ChatMessage("assistant", ex.answer, reasoning=ex.reasoning, tool_calls=calls))
 
 
 def tokenize(ex: Example) -> tuple[list[int], int]:

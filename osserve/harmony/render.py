@@ -85,7 +85,8 @@ def _developer_message(instructions: list[str], tools: list[FunctionTool]) -> Me
     return Message.from_role_and_content(Role.DEVELOPER, content)
 
 
-def _assistant_messages(m: ChatMessage) -> list[Message]:
+def assistant_messages(m: ChatMessage) -> list[Message]:
+    """One assistant turn as harmony messages: analysis, then final text or commentary + calls."""
     out: list[Message] = []
     if m.reasoning:
         out.append(Message.from_role_and_content(Role.ASSISTANT, m.reasoning).with_channel("analysis"))
@@ -137,7 +138,7 @@ def render_chat(
             convo.append(Message.from_role_and_content(Role.USER, m.content or ""))
         elif m.role == "assistant":
             call_names.update({c.id: c.name for c in m.tool_calls})
-            convo.extend(_assistant_messages(m))
+            convo.extend(assistant_messages(m))
         elif m.role == "tool":
             name = call_names.get(m.tool_call_id or "") or m.name
             if name is None:
