@@ -24,7 +24,7 @@ from torch import nn
 
 from osserve.config import ModelConfig
 from osserve.model.gpt_oss import MLP, DecoderLayer, GptOssForCausalLM
-from osserve.ops.moe import swiglu
+from osserve.ops.moe import moe_dense_reference
 from osserve.ops.mxfp4 import dequantize_mxfp4, quantize_mxfp4
 from osserve.ops.norm import rms_norm_reference
 from osserve.ops.rope import apply_rope
@@ -141,19 +141,14 @@ class DemoTrainable(nn.Module):
         return out, balance / cfg.num_hidden_layers
 
     def _moe(self, n: int, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """The experts of layer n (as moe_reference, on float weights) and a Switch-style balance
+        """The experts of layer n (the reference op on the float weights) and a Switch-style balance
         loss (E * sum_e tokens_share_e * mean_router_prob_e; 1.0 when perfectly balanced)."""
         mlp: MLP = self.net.model.layers[n].mlp  # type: ignore[assignment]
         weights, ids = route_reference(x, mlp.router.weight, mlp.router.bias, self.cfg.num_experts_per_tok)
         w1, w2 = self.experts(n)
-        b1, b2 = mlp.experts.gate_up_proj_bias, mlp.experts.down_proj_bias
-        out = torch.zeros_like(x)
+        out = moe_dense_reference(x, weights, ids, w1, mlp.experts.gate_up_proj_bias, w2, mlp.experts.down_proj_bias,
+                                  self.cfg.swiglu_limit)
         e_count = self.cfg.num_local_experts
-        for e in range(e_count):
-            token_idx, slot = torch.where(ids == e)
-            y = nn.functional.linear(x[token_idx], w1[e], b1[e])
-            y = nn.functional.linear(swiglu(y, self.cfg.swiglu_limit), w2[e], b2[e])
-            out = out.index_add(0, token_idx, y * weights[token_idx, slot, None])
         probs = torch.softmax(nn.functional.linear(x, mlp.router.weight, mlp.router.bias), dim=-1)
         share = torch.bincount(ids.flatten(), minlength=e_count).float() / ids.numel()
         return out, e_count * (share * probs.mean(0)).sum()

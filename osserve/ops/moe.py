@@ -79,13 +79,26 @@ def moe_reference(
 
     Dequantises and loops over the experts that received tokens; computes in x's dtype.
     """
+    return moe_dense_reference(x, topk_weights, topk_ids, experts.gate_up(x.dtype), experts.gate_up_bias,
+                               experts.down(x.dtype), experts.down_bias, swiglu_limit)
+
+
+def moe_dense_reference(
+    x: torch.Tensor,
+    topk_weights: torch.Tensor,
+    topk_ids: torch.Tensor,
+    w1: torch.Tensor,  # [E, 2I, H] gate/up interleaved by row
+    b1: torch.Tensor,  # [E, 2I]
+    w2: torch.Tensor,  # [E, H, I]
+    b2: torch.Tensor,  # [E, H]
+    swiglu_limit: float,
+) -> torch.Tensor:
+    """moe_reference on unquantised expert weights (differentiable: the demo model trains on it)."""
     out = torch.zeros_like(x)
-    w1 = experts.gate_up(x.dtype)
-    w2 = experts.down(x.dtype)
     for e in torch.unique(topk_ids).tolist():
         token_idx, slot = torch.where(topk_ids == e)
-        h = torch.nn.functional.linear(x[token_idx], w1[e], experts.gate_up_bias[e].to(x.dtype))
-        h = torch.nn.functional.linear(swiglu(h, swiglu_limit), w2[e], experts.down_bias[e].to(x.dtype))
+        h = torch.nn.functional.linear(x[token_idx], w1[e], b1[e].to(x.dtype))
+        h = torch.nn.functional.linear(swiglu(h, swiglu_limit), w2[e], b2[e].to(x.dtype))
         out.index_add_(0, token_idx, h * topk_weights[token_idx, slot, None])
     return out
 
