@@ -53,7 +53,7 @@ def profile_decode_step(engine) -> dict[str, float]:  # type: ignore[no-untyped-
     for ev in prof.key_averages():
         name = ev.key.lower()
         kind = ("attention" if "attn" in name or "attention" in name or "decode" in name or "merge" in name
-                else "moe" if "gate_up" in name or "down_kernel" in name or "sort" in name or "scatter" in name
+                else "moe" if "gate_up" in name or "_down_" in name or "align" in name
                 else "gemm" if "gemm" in name or "matmul" in name or "cublas" in name or "sm90" in name
                 else "norm/elementwise" if "elementwise" in name or "reduce" in name or "vectorized" in name
                 else "kv write" if "write_kv" in name
@@ -92,6 +92,18 @@ def moe_bandwidth(name: str) -> dict[str, float]:
     return out
 
 
+AB_VARIANTS = {"router": ("cublas-router", "fused-router"), "moe": ("token-tiled-moe", "swapped-moe")}
+
+
+def set_variant(variant: str) -> None:
+    """The A/B switches, for this script only: module-level bounds the dispatchers read per call."""
+    import osserve.ops.moe_swapped as moe_swapped
+    import osserve.ops.router_gemm_triton as fused_router
+
+    fused_router.FUSED_MAX_TOKENS = 0 if variant == "cublas-router" else 128
+    moe_swapped.MAX_TOKENS = 0 if variant == "token-tiled-moe" else max(moe_swapped.CONFIGS)
+
+
 def main() -> None:
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     ap = argparse.ArgumentParser()
@@ -100,16 +112,14 @@ def main() -> None:
     ap.add_argument("--output-len", type=int, default=512)
     ap.add_argument("--gpu-memory-utilization", type=float, default=0.90)
     ap.add_argument("--skip", default="", help="comma list of: b32,prefill,profile,moe")
-    ap.add_argument("--router-ab", action="store_true",
-                    help="each preset twice: the router on cuBLAS + top-k kernel, then the fused small-batch kernel")
+    ap.add_argument("--ab", choices=sorted(AB_VARIANTS), default=None,
+                    help="each preset twice, old path then new: router (cuBLAS + top-k kernel vs the fused "
+                         "small-batch kernel) or moe (token-tiled kernel at decode vs the swapped one)")
     args = ap.parse_args()
     rows, results = [], {}
-    runs = [(p, v) for p in args.presets.split(",") for v in (("cublas-router", "fused-router") if args.router_ab
-                                                              else ("",))]
+    runs = [(p, v) for p in args.presets.split(",") for v in (AB_VARIANTS[args.ab] if args.ab else ("",))]
     for name, variant in runs:
-        import osserve.ops.router_gemm_triton as fused_router
-
-        fused_router.FUSED_MAX_TOKENS = 0 if variant == "cublas-router" else 128  # A/B switch, this script only
+        set_variant(variant)
         label = f"{name}/{variant}" if variant else name
         engine = build_engine(EngineArgs(load_format="dummy", preset=name, max_model_len=8192, max_num_seqs=64,
                                          max_num_batched_tokens=16384,

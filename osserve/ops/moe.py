@@ -111,8 +111,9 @@ def fused_moe(
     swiglu_limit: float,
 ) -> torch.Tensor:
     """Dispatch on CUDA: prefill-size batches (when the checkpoint-layout MXFP4 tensors were kept)
-    dequantise each expert once and use cuBLAS; everything else, and all CUDA-graph captures,
-    the fused 4-bit kernel once `experts.prepare()` ran. Elsewhere: the reference."""
+    dequantise each expert once and use cuBLAS; everything else, and all CUDA-graph captures, a
+    fused 4-bit kernel once `experts.prepare()` ran: weights-as-left-operand for decode-size
+    batches (moe_swapped.py), token tiles above (moe_triton.py). Elsewhere: the reference."""
     if use_triton(x):
         dense_ok = experts.gate_up_blocks is not None and not torch.cuda.is_current_stream_capturing()
         if dense_ok and x.shape[0] > PREFILL_DENSE_MIN_TOKENS:
@@ -120,7 +121,10 @@ def fused_moe(
 
             return moe_prefill_dense(x, topk_weights, topk_ids, experts, swiglu_limit)
         if experts.prepared is not None:
+            from osserve.ops import moe_swapped
             from osserve.ops.moe_triton import fused_moe_triton
 
+            if x.shape[0] <= moe_swapped.MAX_TOKENS:
+                return moe_swapped.fused_moe_swapped(x, topk_weights, topk_ids, experts.prepared, swiglu_limit)
             return fused_moe_triton(x, topk_weights, topk_ids, experts.prepared, swiglu_limit)
     return moe_reference(x, topk_weights, topk_ids, experts, swiglu_limit)

@@ -1,4 +1,6 @@
-"""The fused MXFP4 MoE kernel at gpt-oss-20b shapes on the GPU, bf16 against a float32 reference."""
+"""The fused MXFP4 MoE kernels at gpt-oss-20b shapes on the GPU, bf16 against a float32 reference:
+the token-tiled kernel (moe_triton.py) and the weights-as-left-operand one (moe_swapped.py), its
+K split forced on and off."""
 
 from __future__ import annotations
 
@@ -6,6 +8,7 @@ import pytest
 import torch
 
 from osserve.ops.moe import moe_reference
+from osserve.ops.moe_swapped import fused_moe_swapped
 from osserve.ops.moe_triton import fused_moe_triton, prepare_mxfp4_experts
 from tests.ops.moe_fixtures import random_experts, random_routing
 
@@ -18,10 +21,7 @@ EXPERTS, TOP_K, LIMIT = 32, 4, 7.0
 @pytest.fixture(scope="module")
 def layer():
     experts = random_experts(EXPERTS, HIDDEN, INTER, device="cuda")
-    prepared = prepare_mxfp4_experts(experts)
-    experts.gate_up_dense = experts.gate_up(torch.float32)  # the float32 reference, dequantised once
-    experts.down_dense = experts.down(torch.float32)
-    return experts, prepared
+    return experts, prepare_mxfp4_experts(experts)
 
 
 def _rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
@@ -33,12 +33,17 @@ def _rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
     [(1, "uniform"), (2, "uniform"), (7, "uniform"), (7, "sparse"), (64, "uniform"), (64, "skewed"),
      (300, "uniform"), (300, "sparse"), (4096, "uniform"), (4096, "skewed")],
 )
-def test_matches_float32_reference(layer, num_tokens: int, mode: str) -> None:
+@pytest.mark.parametrize("kernel", ["token-tiled", "swapped", "swapped-no-split", "swapped-max-split"])
+def test_matches_float32_reference(layer, num_tokens: int, mode: str, kernel: str) -> None:
     experts, prepared = layer
     x = torch.randn(num_tokens, HIDDEN, device="cuda").bfloat16()
     weights, ids = random_routing(num_tokens, EXPERTS, TOP_K, mode, device="cuda")
     ref = moe_reference(x.float(), weights, ids, experts, LIMIT)
-    out = fused_moe_triton(x, weights.bfloat16(), ids, prepared, LIMIT)
+    if kernel == "token-tiled":
+        out = fused_moe_triton(x, weights.bfloat16(), ids, prepared, LIMIT)
+    else:
+        min_programs = {"swapped": None, "swapped-no-split": 1, "swapped-max-split": 10**6}[kernel]
+        out = fused_moe_swapped(x, weights.bfloat16(), ids, prepared, LIMIT, min_programs=min_programs)
     assert out.dtype == torch.bfloat16 and out.shape == (num_tokens, HIDDEN)
     assert torch.isfinite(out).all()
     assert _rel_err(out, ref) < 1e-2
@@ -53,17 +58,18 @@ def test_inline_ptx_dequant_path(layer) -> None:
     assert _rel_err(fused_moe_triton(x, weights, ids, prepared, LIMIT, fast_dequant=True), ref) < 1e-2
 
 
-def test_cuda_graph_replay(layer) -> None:
+@pytest.mark.parametrize("moe", [fused_moe_triton, fused_moe_swapped], ids=["token-tiled", "swapped"])
+@pytest.mark.parametrize("num_tokens", [1, 8])
+def test_cuda_graph_replay(layer, moe, num_tokens: int) -> None:
     """The decode path captures into a CUDA graph (no host sync) and replays on fresh inputs."""
     experts, prepared = layer
-    num_tokens = 8
     x = torch.randn(num_tokens, HIDDEN, device="cuda").bfloat16()
     weights, ids = random_routing(num_tokens, EXPERTS, TOP_K, device="cuda")
-    fused_moe_triton(x, weights, ids, prepared, LIMIT)  # compile outside the capture
+    moe(x, weights, ids, prepared, LIMIT)  # compile outside the capture
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        out = fused_moe_triton(x, weights, ids, prepared, LIMIT)
+        out = moe(x, weights, ids, prepared, LIMIT)
     for mode in ("uniform", "skewed"):
         new_w, new_ids = random_routing(num_tokens, EXPERTS, TOP_K, mode, device="cuda")
         x.copy_(torch.randn_like(x))

@@ -1,0 +1,63 @@
+"""The weights-as-left-operand MoE kernel (moe_swapped.py) against moe_reference, in float32 under
+TRITON_INTERPRET=1 on CPU: routings with empty and overloaded experts, K masks, N masks, and the
+split-K path (partial sums, the SwiGLU reduction kernel, a last split shorter than the others)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from osserve.ops import moe_align, moe_swapped
+from osserve.ops.moe import moe_reference
+from osserve.ops.moe_swapped import SwappedConfig, fused_moe_swapped, split_k
+from osserve.ops.moe_triton import prepare_mxfp4_experts
+from tests.ops.moe_fixtures import random_experts, random_routing
+
+LIMIT = 7.0
+SMALL = SwappedConfig(16, 16, 64, 4, 1, 32, 64, 4, 1)
+WIDE = SwappedConfig(32, 64, 128, 4, 1, 128, 32, 4, 1)  # BLOCK_W > N, BLOCK_K > K: the masks
+NO_SPLIT, MAX_SPLIT = 1, 10**6  # min_programs
+
+
+@pytest.fixture(autouse=True)
+def poison(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every fresh buffer the kernels allocate starts as NaN / garbage, so unwritten entries show."""
+
+    def poisoned(*shape, dtype: torch.dtype, device: str | torch.device) -> torch.Tensor:
+        fill = float("nan") if dtype.is_floating_point else -(2**30)
+        return torch.full(shape, fill, dtype=dtype, device=device)
+
+    monkeypatch.setattr(moe_swapped, "_empty", poisoned)
+    monkeypatch.setattr(moe_align, "_empty", poisoned)
+
+
+def _check(num_tokens: int, num_experts: int, top_k: int, hidden: int, inter: int, mode: str,
+           config: SwappedConfig, min_programs: int) -> None:
+    experts = random_experts(num_experts, hidden, inter)
+    x = torch.randn(num_tokens, hidden)
+    weights, ids = random_routing(num_tokens, num_experts, top_k, mode)
+    ref = moe_reference(x, weights, ids, experts, LIMIT)
+    out = fused_moe_swapped(x, weights, ids, prepare_mxfp4_experts(experts), LIMIT, config, min_programs)
+    assert out.shape == ref.shape and torch.isfinite(out).all()
+    err = (out - ref).norm() / ref.norm()
+    assert err < 1e-4, f"relative error {err:.2e}"
+
+
+@pytest.mark.parametrize("min_programs", [NO_SPLIT, MAX_SPLIT], ids=["whole-k", "split-k"])
+@pytest.mark.parametrize("num_tokens,mode", [(1, "uniform"), (2, "uniform"), (7, "sparse"), (33, "skewed")])
+def test_matches_reference(num_tokens: int, mode: str, min_programs: int) -> None:
+    # H=160, I=96: K = 2.5 and 1.5 steps of 64, so the last split is a half step.
+    _check(num_tokens, 8, 4, 160, 96, mode, SMALL, min_programs)
+
+
+@pytest.mark.parametrize("min_programs", [NO_SPLIT, MAX_SPLIT], ids=["whole-k", "split-k"])
+def test_masks(min_programs: int) -> None:
+    _check(7, 6, 3, 96, 32, "uniform", WIDE, min_programs)
+
+
+def test_split_k_counts() -> None:
+    assert split_k(num_programs=180, k=2880, block_k=128, min_programs=528) == (3, 1024)
+    assert split_k(num_programs=1440, k=2880, block_k=128, min_programs=528) == (1, 2944)
+    assert split_k(num_programs=1, k=2880, block_k=128, min_programs=10**6) == (23, 128)  # one step each
+    splits, per_split = split_k(num_programs=100, k=2880, block_k=128, min_programs=700)  # 7 asked
+    assert per_split % 128 == 0 and (splits - 1) * per_split < 2880 <= splits * per_split
