@@ -20,6 +20,7 @@ from osserve.engine.runner import ModelRunner
 from osserve.errors import ConfigError
 from osserve.model.checkpoint import fill_random_weights
 from osserve.model.weights import build_model, load_weights
+from osserve.ops import moe_swapped
 from osserve.tokenizer import load_tokenizer
 
 log = logging.getLogger("osserve")
@@ -106,7 +107,8 @@ def build_engine(args: EngineArgs) -> LLMEngine:
         # Keep the checkpoint-layout experts beside the kernel's layout (for the dense prefill
         # path) only when both fit comfortably: the 20b yes, the 120b on one 80 GB GPU no.
         total = torch.cuda.get_device_properties(device).total_memory
-        model.prepare_experts(keep_original=2 * weights_bytes < 0.6 * total)
+        prepared = model.prepare_experts(keep_original=2 * weights_bytes < 0.6 * total)
+        moe_swapped.compile_kernels(prepared[0], cfg.num_experts_per_tok, cfg.swiglu_limit, dtype)
         # Hand the freed checkpoint-layout tensors and load temporaries back to the driver, so the
         # KV budget below (read from the driver's free memory) sees them as free.
         torch.cuda.empty_cache()

@@ -211,16 +211,19 @@ class GptOssForCausalLM(nn.Module):
         """hidden [N, hidden] -> logits [N, vocab] in float32."""
         return self.lm_head(hidden).float()
 
-    def prepare_experts(self, keep_original: bool) -> None:
-        """Give every layer's experts the fused kernel's layout (once, at load, on the GPU).
-        Without keep_original the checkpoint-layout tensors are freed (the 120b cannot hold
-        both); the reference and dense-prefill paths then have no weights to read."""
+    def prepare_experts(self, keep_original: bool) -> list[PreparedExperts]:
+        """Give every layer's experts the fused kernel's layout (once, at load, on the GPU); returns
+        them by layer. Without keep_original the checkpoint-layout tensors are freed (the 120b
+        cannot hold both); the reference and dense-prefill paths then have no weights to read."""
         from osserve.ops.moe_triton import prepare_mxfp4_experts
 
+        prepared = []
         for layer in self.model.layers:
             ex: Experts = layer.mlp.experts  # type: ignore[union-attr,assignment]
             ex.prepared = prepare_mxfp4_experts(ex.weights())
+            prepared.append(ex.prepared)
             if not keep_original:
                 empty = nn.Buffer(torch.empty(0, dtype=torch.uint8, device=ex.gate_up_proj_blocks.device))
                 ex.gate_up_proj_blocks = ex.gate_up_proj_scales = empty
                 ex.down_proj_blocks = ex.down_proj_scales = empty
+        return prepared

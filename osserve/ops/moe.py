@@ -19,7 +19,8 @@ if TYPE_CHECKING:
     from osserve.ops.moe_triton import PreparedExperts
 
 SWIGLU_ALPHA = 1.702
-# Above this many tokens (prefill) experts are dequantised once per forward and run on cuBLAS.
+# Above this many tokens (and above the swapped kernel's range) experts are dequantised once per
+# forward and run on cuBLAS.
 PREFILL_DENSE_MIN_TOKENS = 512
 
 
@@ -110,21 +111,24 @@ def fused_moe(
     experts: ExpertWeights,
     swiglu_limit: float,
 ) -> torch.Tensor:
-    """Dispatch on CUDA: prefill-size batches (when the checkpoint-layout MXFP4 tensors were kept)
-    dequantise each expert once and use cuBLAS; everything else, and all CUDA-graph captures, a
-    fused 4-bit kernel once `experts.prepare()` ran: weights-as-left-operand for decode-size
-    batches (moe_swapped.py), token tiles above (moe_triton.py). Elsewhere: the reference."""
+    """Dispatch on CUDA, once `experts.prepare()` ran: up to 4096 tokens (decode, serving's mixed
+    steps) the weights-as-left-operand 4-bit kernel (moe_swapped.py); above, whole prompts, the
+    per-expert dequantise + cuBLAS path when the checkpoint-layout tensors were kept, else the
+    token-tiled 4-bit kernel (moe_triton.py). Elsewhere: the reference."""
     if use_triton(x):
+        from osserve.ops import moe_swapped
+
+        # Up to moe_swapped.MAX_TOKENS the fused kernel wins; the dense path is for whole prompts
+        # (it syncs the host once per expert: ~0.3 s a step at serving's 1-2k-token mixed batches).
+        if experts.prepared is not None and x.shape[0] <= moe_swapped.MAX_TOKENS:
+            return moe_swapped.fused_moe_swapped(x, topk_weights, topk_ids, experts.prepared, swiglu_limit)
         dense_ok = experts.gate_up_blocks is not None and not torch.cuda.is_current_stream_capturing()
         if dense_ok and x.shape[0] > PREFILL_DENSE_MIN_TOKENS:
             from osserve.ops.moe_dense import moe_prefill_dense
 
             return moe_prefill_dense(x, topk_weights, topk_ids, experts, swiglu_limit)
         if experts.prepared is not None:
-            from osserve.ops import moe_swapped
             from osserve.ops.moe_triton import fused_moe_triton
 
-            if x.shape[0] <= moe_swapped.MAX_TOKENS:
-                return moe_swapped.fused_moe_swapped(x, topk_weights, topk_ids, experts.prepared, swiglu_limit)
             return fused_moe_triton(x, topk_weights, topk_ids, experts.prepared, swiglu_limit)
     return moe_reference(x, topk_weights, topk_ids, experts, swiglu_limit)

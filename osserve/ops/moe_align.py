@@ -34,7 +34,7 @@ def max_padded_rows(num_slots: int, num_experts: int, block_m: int) -> int:
     return num_slots + min(num_slots, num_experts) * (block_m - 1)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["M", "max_padded", "max_blocks"])  # per-step sizes: no recompiles
 def _align_kernel(
     ids_ptr,  # [M] int32 expert id of each slot
     sorted_ptr,  # [max_padded] int32 out

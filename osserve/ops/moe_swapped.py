@@ -83,7 +83,12 @@ def _tile_setup(sorted_ptr, block_expert_ptr, pid_t, num_slots, BLOCK_T: tl.cons
     return expert, rows, slot, slot < num_slots
 
 
-@triton.jit
+# The token-count arguments vary step to step: unspecialised, so a new batch size in a serving run
+# never recompiles (Triton otherwise specialises integers on divisibility by 16, and 1).
+_PER_STEP = ["num_slots", "num_t_blocks", "num_splits"]
+
+
+@triton.jit(do_not_specialize=_PER_STEP)
 def _gate_up_swapped_kernel(
     x_ptr, w_ptr, s_ptr, b_ptr, act_ptr, part_ptr,  # x [T, K]; w [E, 2N, K/2]; s [E, 2N, K/32]; b [E, 2N]
     sorted_ptr, block_expert_ptr, num_padded_ptr,   # act [P, N]; part [S, P, 2N] float32 (split K only)
@@ -146,7 +151,7 @@ def _swiglu(gate, up, limit, ALPHA: tl.constexpr):
     return gate * tl.sigmoid(ALPHA * gate) * (up + 1.0)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_slots", "num_splits"])
 def _swiglu_splits_kernel(
     part_ptr, b_ptr, act_ptr,  # part [S, P, 2N] float32; b [E, 2N]; act [P, N]
     sorted_ptr, block_expert_ptr, num_padded_ptr,
@@ -172,7 +177,7 @@ def _swiglu_splits_kernel(
     tl.store(a_out, h.to(act_ptr.dtype.element_ty), mask=mask)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=_PER_STEP)
 def _down_swapped_kernel(
     act_ptr, w_ptr, s_ptr, b_ptr, y_ptr, topk_w_ptr,  # act [P, K]; w [E, N, K/2]; y [S, T*k, N]
     sorted_ptr, block_expert_ptr, num_padded_ptr,
@@ -290,3 +295,14 @@ def fused_moe_swapped(
     )
     return y.view(splits2, num_tokens, top_k, hidden).sum(dim=(0, 2), dtype=torch.float32).to(x.dtype) \
         if splits2 > 1 else y.view(num_tokens, top_k, hidden).sum(dim=1)
+
+
+def compile_kernels(prepared: PreparedExperts, top_k: int, swiglu_limit: float, dtype: torch.dtype) -> None:
+    """Run each token-count bucket once (batch 1 with split K, then each config's largest batch),
+    so that no serving step waits seconds for Triton to compile a configuration it meets first."""
+    device = prepared.w1.device
+    for num_tokens in (1, *CONFIGS):
+        x = torch.randn(num_tokens, prepared.hidden, device=device, dtype=dtype)
+        ids = torch.randint(0, prepared.num_experts, (num_tokens, top_k), device=device)
+        weights = torch.full((num_tokens, top_k), 1.0 / top_k, device=device, dtype=dtype)
+        fused_moe_swapped(x, weights, ids, prepared, swiglu_limit)
