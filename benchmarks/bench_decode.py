@@ -92,7 +92,8 @@ def moe_bandwidth(name: str) -> dict[str, float]:
     return out
 
 
-AB_VARIANTS = {"router": ("cublas-router", "fused-router"), "moe": ("token-tiled-moe", "swapped-moe")}
+AB_VARIANTS = {"router": ("cublas-router", "fused-router"), "moe": ("token-tiled-moe", "swapped-moe"),
+               "async": ("sync-steps", "async-steps")}
 
 
 def set_variant(variant: str) -> None:
@@ -114,7 +115,8 @@ def main() -> None:
     ap.add_argument("--skip", default="", help="comma list of: b32,prefill,profile,moe")
     ap.add_argument("--ab", choices=sorted(AB_VARIANTS), default=None,
                     help="each preset twice, old path then new: router (cuBLAS + top-k kernel vs the fused "
-                         "small-batch kernel) or moe (token-tiled kernel at decode vs the swapped one)")
+                         "small-batch kernel), moe (token-tiled kernel at decode vs the swapped one) or async "
+                         "(each step finished before the next is scheduled vs async scheduling)")
     args = ap.parse_args()
     rows, results = [], {}
     runs = [(p, v) for p in args.presets.split(",") for v in (AB_VARIANTS[args.ab] if args.ab else ("",))]
@@ -123,7 +125,8 @@ def main() -> None:
         label = f"{name}/{variant}" if variant else name
         engine = build_engine(EngineArgs(load_format="dummy", preset=name, max_model_len=8192, max_num_seqs=64,
                                          max_num_batched_tokens=16384,
-                                         gpu_memory_utilization=args.gpu_memory_utilization))
+                                         gpu_memory_utilization=args.gpu_memory_utilization,
+                                         no_async_scheduling=variant == "sync-steps"))
         skip = set(args.skip.split(","))
         empty = LatencyResult(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, None)
         run_once(engine, 1, 128, 16, seed=99)  # warm-up: compile every kernel

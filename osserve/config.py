@@ -279,3 +279,6 @@ class SchedulerConfig:
     # admitting one newcomer per step would make every step a slow eager one. 0: admit at once.
     admission_delay_s: float = 0.0
     admission_batch: int = 32  # ... or until this many newcomers wait
+    # Schedule and launch step N+1 while step N runs on the device (its sampled tokens stay
+    # there, the next step reads them in place); the host reads step N's tokens afterwards.
+    async_scheduling: bool = True

@@ -1,9 +1,12 @@
 """`osserve bench latency`: offline batch latency and throughput of the engine itself.
 
 A batch of `batch_size` random prompts of `input_len` tokens, each generating exactly
-`output_len` tokens (greedy, ignore_eos). Every step is timed (the step returns host token ids,
-so it has synchronised). Steps that prefill are prefill time; the rest are decode steps:
-decode tokens/s = batch_size * decode_steps / decode time; time per output token = step time.
+`output_len` tokens (greedy, ignore_eos). Every step call is timed (a call returns host token
+ids, so it has synchronised). Prefill time runs until every request's first token reaches the
+host; each later
+call that delivers tokens is a decode step: decode tokens/s = tokens delivered after the first /
+their calls' time; time per output token = a call's time (with async scheduling a call launches
+step N+1 and delivers step N: in steady state, one step).
 """
 
 from __future__ import annotations
@@ -45,18 +48,23 @@ def run_once(engine: LLMEngine, batch: int, input_len: int, output_len: int, see
     for i in range(batch):
         prompt = torch.randint(0, vocab, (input_len,), generator=g).tolist()
         engine.add_request(f"bench-{seed}-{i}", prompt, SamplingParams(**{**asdict(params)}))
-    prefill_s, step_times = 0.0, []
+    step_times: list[float] = []
+    decode_tokens = 0
     start = time.perf_counter()
+    first_token_at: float | None = None
+    started: set[str] = set()
     while engine.has_unfinished():
-        computed_before = sum(r.num_computed_tokens for r in engine.requests.values())
         t0 = time.perf_counter()
-        engine.step()
-        dt = time.perf_counter() - t0
-        prefilling = any(r.num_computed_tokens < r.num_prompt_tokens for r in engine.requests.values())
-        if computed_before < batch * input_len or prefilling:
-            prefill_s += dt
-        else:
-            step_times.append(dt)
+        deltas = engine.step()
+        t1 = time.perf_counter()
+        new_tokens = sum(len(d.new_token_ids) for d in deltas)
+        if first_token_at is None:  # prefill lasts until every request's first token is on the host
+            started |= {d.request_id for d in deltas if d.new_token_ids}
+            first_token_at = t1 if len(started) == batch else None
+        elif new_tokens:  # with async scheduling a step's tokens arrive during the next call
+            step_times.append(t1 - t0)
+            decode_tokens += new_tokens
+    prefill_s = (first_token_at or time.perf_counter()) - start
     e2e = time.perf_counter() - start
     decode_s = sum(step_times)
     quantiles = statistics.quantiles(step_times, n=10) if len(step_times) > 1 else step_times * 9
@@ -64,7 +72,7 @@ def run_once(engine: LLMEngine, batch: int, input_len: int, output_len: int, see
     return LatencyResult(
         batch_size=batch, input_len=input_len, output_len=output_len,
         prefill_s=prefill_s, prefill_tok_s=batch * input_len / max(prefill_s, 1e-9),
-        decode_s=decode_s, decode_tok_s=batch * len(step_times) / max(decode_s, 1e-9),
+        decode_s=decode_s, decode_tok_s=decode_tokens / max(decode_s, 1e-9),
         tpot_median_ms=1000 * statistics.median(step_times) if step_times else 0.0,
         tpot_p90_ms=1000 * quantiles[8] if step_times else 0.0,
         e2e_s=e2e, peak_gpu_mem_gib=peak,

@@ -13,6 +13,7 @@ from __future__ import annotations
 import bisect
 import logging
 import math
+from collections.abc import Callable
 
 import numpy as np
 import torch
@@ -68,18 +69,23 @@ class DecodeGraphs:
         return bool(self.graphs) and batch <= self.sizes[-1]
 
     def run(self, input_ids: list[int], positions: list[int], seq_lens: list[int],
-            tables: dict[str, list[list[int]]]) -> torch.Tensor:
-        """Hidden states [len(input_ids), hidden] of one decode step."""
+            tables: dict[str, list[list[int]]],
+            fill_pending: Callable[[torch.Tensor], None] | None = None) -> torch.Tensor:
+        """Hidden states [len(input_ids), hidden] of one decode step. fill_pending(ids) writes the
+        tokens still on the device into the step's input ids (async scheduling)."""
         n = len(input_ids)
         b = self.sizes[bisect.bisect_left(self.sizes, n)]
         bs = self.block_size
 
         def put(dst: torch.Tensor, values: np.ndarray) -> None:
-            dst[:b].copy_(torch.from_numpy(values), non_blocking=True)
+            # Pinned: a copy from pageable memory would make the host wait for the GPU's queue.
+            dst[:b].copy_(torch.from_numpy(values).pin_memory(), non_blocking=True)
 
         # Host-side work is the step's budget at large batches: build with numpy, copy once each.
         pos = np.asarray(positions, dtype=np.int64)
         put(self.input_ids, _padded(input_ids, b, 0, np.int64))
+        if fill_pending is not None:
+            fill_pending(self.input_ids[:n])
         put(self.positions, _padded(positions, b, 0, np.int64))
         put(self.seq_lens, _padded(seq_lens, b, 0, np.int32))
         for g in self.groups:
@@ -87,7 +93,7 @@ class DecodeGraphs:
             width = rows.shape[1]
             blocks = rows[np.arange(n), pos // bs].astype(np.int64)
             put(self.slots[g], _padded(blocks * bs + pos % bs, b, -1, np.int64))
-            self.tables[g][:b, :width].copy_(torch.from_numpy(rows), non_blocking=True)
+            self.tables[g][:b, :width].copy_(torch.from_numpy(rows).pin_memory(), non_blocking=True)
             self.tables[g][:b, width:].fill_(-1)
         self.graphs[b].replay()
         return self.outputs[b][:n]

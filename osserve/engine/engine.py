@@ -1,10 +1,20 @@
-"""LLMEngine: the synchronous step loop — schedule → run → sample → update → report.
+"""LLMEngine: the step loop — schedule → run → sample → update → report.
 
     out = scheduler.schedule()                      # plain Python: who computes which tokens
     logits = runner.run(entries(out))               # tensors: one forward over the flat batch
     tokens = sampler(logits, sampling_batch(out))   # on device, one host copy
     updates = scheduler.update_from_output(out, tokens)
     return outputs.process(updates)                 # text, stop strings, logprobs → deltas
+
+With async scheduling (SchedulerConfig.async_scheduling) a step whose requests need nothing of
+their tokens on the host before sampling the next (no penalties, logprobs, forced tokens or
+pending min_tokens) is left in flight: the next call schedules and launches step N+1, its decode
+inputs read from step N's sampled ids on the device, and only then waits for step N's tokens and
+turns them into deltas — so the host's scheduling, batch building and detokenising overlap the
+GPU's work instead of alternating with it. A request whose in-flight token is certain to end it
+(max_tokens, the context limit) sits the next step out; one that stops on a stop token or string
+costs one wasted row. Anything else (an admission, a prefill chunk, a request that needs its
+tokens, too few free blocks to grow every request) first finishes the step in flight.
 
 AsyncEngine (engine/async_engine.py) runs this loop in a thread for the server; LLM
 (engine/llm.py) drives it directly for offline use.
@@ -21,9 +31,9 @@ from osserve.config import CacheConfig, ModelConfig, SchedulerConfig
 from osserve.engine.kv_cache import KVCacheManager
 from osserve.engine.output_processor import OutputProcessor
 from osserve.engine.outputs import CompletionDelta, EngineStats, TokenLogprob
-from osserve.engine.request import Request
+from osserve.engine.request import PENDING_TOKEN, Request
 from osserve.engine.runner import BatchEntry, ModelRunner
-from osserve.engine.sampler import Sampler, SamplingBatch
+from osserve.engine.sampler import Sampler, SamplerOutput, SamplingBatch
 from osserve.engine.sampling_params import SamplingParams
 from osserve.engine.scheduler import Scheduler, SchedulerOutput
 from osserve.errors import InvalidRequestError
@@ -55,12 +65,14 @@ class StepProfile:
     gpu_wait: float = 0.0
     post: float = 0.0
     steps_with_prefill: int = 0  # these run eagerly; decode-only steps replay a CUDA graph (GPU)
+    steps_in_flight: int = 0  # left running while the next one was scheduled (async scheduling)
     every: int = 500
 
     def add(self, batch: int, schedule: float, launch: float, gpu_wait: float, post: float,
-            has_prefill: bool = False) -> None:
+            has_prefill: bool = False, in_flight: bool = False) -> None:
         self.steps += 1
         self.steps_with_prefill += has_prefill
+        self.steps_in_flight += in_flight
         self.requests += batch
         self.schedule += schedule
         self.launch += launch
@@ -69,10 +81,30 @@ class StepProfile:
 
     def summary(self) -> str:
         n = max(self.steps, 1)
-        return (f"{self.steps} steps ({self.steps_with_prefill} with prefill), mean batch {self.requests / n:.1f}; "
+        return (f"{self.steps} steps ({self.steps_with_prefill} with prefill, {self.steps_in_flight} left in flight"
+                f"), mean batch {self.requests / n:.1f}; "
                 f"ms per step: schedule "
                 f"{1000 * self.schedule / n:.2f}, build+launch {1000 * self.launch / n:.2f}, wait for GPU "
                 f"{1000 * self.gpu_wait / n:.2f}, outputs {1000 * self.post / n:.2f}")
+
+
+@dataclass
+class InFlightStep:
+    """A launched step whose sampled ids have not been read on the host yet."""
+
+    out: SchedulerOutput
+    rows: dict[str, int]  # request id -> its row of token_ids
+    token_ids: torch.Tensor  # [S] on the device: the next step's decode inputs read it there
+    host_ids: torch.Tensor  # [S] the same, copied without blocking (pinned on a GPU)
+    copied: torch.cuda.Event | None  # marks the copy's end on a GPU
+    profile: tuple[float, float, float]  # (schedule, launch, has_prefill) of its launch
+
+
+def can_run_ahead(params: SamplingParams, num_output_tokens: int) -> bool:
+    """The request's next token can be sampled before its last one reaches the host."""
+    return (params.repetition_penalty == 1.0 and params.frequency_penalty == 0.0
+            and params.presence_penalty == 0.0 and params.logprobs is None
+            and params.forced_token_ids is None and num_output_tokens >= params.min_tokens)
 
 
 class LLMEngine:
@@ -90,6 +122,7 @@ class LLMEngine:
         self.prompt_tokens_total = 0
         self.generation_tokens_total = 0
         self.profile = StepProfile()
+        self.in_flight: InFlightStep | None = None
 
     @property
     def max_model_len(self) -> int:
@@ -140,48 +173,61 @@ class LLMEngine:
 
     # ------------------------------------------------------------------ the step
     def step(self) -> list[CompletionDelta]:
+        prev = self.in_flight
+        if prev is not None and not self._can_overlap():
+            self.in_flight = None
+            return self._finish(prev)  # drain: the next call schedules with every token known
         t0 = time.perf_counter()
-        out = self.scheduler.schedule()
+        skip = {r.request_id for r in self.scheduler.running if r.num_pending} if prev else set()
+        skip = {rid for rid in skip if self.scheduler.ends_by_length(self.requests[rid])}
+        out = self.scheduler.schedule(skip)
         if not out.scheduled:
-            return []
+            self.in_flight = None
+            return self._finish(prev) if prev is not None else []
         t1 = time.perf_counter()
-        entries = [
-            BatchEntry(
-                token_ids=self.requests[s.request_id].token_slice(s.start, s.start + s.num_new_tokens),
-                start_pos=s.start,
-                block_tables=s.block_tables,
-                sample=s.needs_sample,
-            )
-            for s in out.scheduled
-        ]
-        logits = self.runner.run(entries)  # launches; the GPU runs on while the host goes on
-        t2 = time.perf_counter()
-        sampled = self._sample(out, logits)  # waits for the GPU (the sampled ids come to the host)
-        t3 = time.perf_counter()
+        entries = []
+        for s in out.scheduled:
+            tokens = self.requests[s.request_id].token_slice(s.start, s.start + s.num_new_tokens)
+            prev_row = -1
+            if tokens[-1] == PENDING_TOKEN:
+                assert prev is not None and tokens.count(PENDING_TOKEN) == 1
+                prev_row = prev.rows[s.request_id]
+            entries.append(BatchEntry(token_ids=tokens, start_pos=s.start, block_tables=s.block_tables,
+                                      sample=s.needs_sample, prev_row=prev_row))
+        logits = self.runner.run(entries, prev.token_ids if prev is not None else None)
+        rows = [self.requests[s.request_id] for s in out.scheduled if s.needs_sample]
+        result = self._launch_sample(rows, logits)
+        ahead = self.scheduler_config.async_scheduling and all(
+            can_run_ahead(r.sampling_params, r.num_output_tokens) for r in rows)
+        self.scheduler.advance(out, tokens_pending=ahead)
         self.prompt_tokens_total += sum(
             min(s.num_new_tokens, max(0, self.requests[s.request_id].num_prompt_tokens - s.start))
             for s in out.scheduled
         )
-        updates = self.scheduler.update_from_output(out, {rid: t for rid, (t, _) in sampled.items()})
-        deltas = []
-        for upd in updates:
-            req = self.requests[upd.request_id]
-            lp = sampled.get(upd.request_id, (0, None))[1]
-            delta = self.outputs.process(req, upd, lp)
-            if delta is None:
-                continue
-            self.generation_tokens_total += len(delta.new_token_ids)
-            if delta.finished and not req.status.is_finished:
-                self.scheduler.finish(req.request_id, delta.finish_reason or "stop")  # a stop string
-            deltas.append(self._retire(delta) if delta.finished else delta)
-        self.profile.add(len(out.scheduled), t1 - t0, t2 - t1, t3 - t2, time.perf_counter() - t3,
-                         has_prefill=any(s.num_new_tokens > 1 for s in out.scheduled))
-        return deltas
+        t2 = time.perf_counter()
+        has_prefill = any(s.num_new_tokens > 1 for s in out.scheduled)
+        step = self._in_flight(out, rows, result, (t1 - t0, t2 - t1, has_prefill))
+        deltas = self._finish(prev) if prev is not None else []
+        if ahead:
+            self.in_flight = step
+            return deltas
+        self.in_flight = None
+        return deltas + self._finish(step, result)
 
-    def _sample(self, out: SchedulerOutput, logits: torch.Tensor) -> dict[str, tuple[int, TokenLogprob | None]]:
-        rows = [self.requests[s.request_id] for s in out.scheduled if s.needs_sample]
+    def _can_overlap(self) -> bool:
+        """The next step may be launched before the one in flight is read: it will be decodes
+        only, of requests that can run ahead, and every one of them gets its next slot."""
+        sched = self.scheduler
+        if sched.waiting and len(sched.running) < self.scheduler_config.max_num_seqs:
+            return False  # an admission: a prefill, and new prompts change the batch's shape
+        going_on = [r for r in sched.running if not (r.num_pending and sched.ends_by_length(r))]
+        return all(r.num_tokens - r.num_computed_tokens == 1
+                   and can_run_ahead(r.sampling_params, r.num_output_tokens) for r in going_on) \
+            and self.kv.can_allocate_all(going_on, 1)
+
+    def _launch_sample(self, rows: list[Request], logits: torch.Tensor) -> SamplerOutput | None:
         if not rows:
-            return {}
+            return None
         batch = SamplingBatch.build(
             params=[r.sampling_params for r in rows],
             prompt_ids=[r.prompt_token_ids for r in rows],
@@ -189,10 +235,53 @@ class LLMEngine:
             generators=[self.generators.get(r.request_id) for r in rows],
             device=logits.device,
         )
-        result = self.sampler.sample(logits, batch)
-        token_ids = result.token_ids.tolist()
-        logprobs = self.outputs.logprobs_rows(result, [r.sampling_params.logprobs for r in rows])
-        return {r.request_id: (t, lp) for r, t, lp in zip(rows, token_ids, logprobs, strict=True)}
+        return self.sampler.sample(logits, batch)
+
+    def _in_flight(self, out: SchedulerOutput, rows: list[Request], result: SamplerOutput | None,
+                   profile: tuple[float, float, float]) -> InFlightStep:
+        """Start copying the sampled ids to the host without waiting for them."""
+        ids = result.token_ids if result is not None else torch.empty(0, dtype=torch.int64)
+        copied = None
+        if ids.is_cuda:
+            host = torch.empty(ids.shape, dtype=ids.dtype, pin_memory=True)
+            host.copy_(ids, non_blocking=True)
+            copied = torch.cuda.Event()
+            copied.record()
+        else:
+            host = ids
+        return InFlightStep(out, {r.request_id: i for i, r in enumerate(rows)}, ids, host, copied, profile)
+
+    def _finish(self, step: InFlightStep, result: SamplerOutput | None = None) -> list[CompletionDelta]:
+        """Wait for a step's tokens on the host; update the requests; turn tokens into deltas.
+        `result` (the sampler's output) is given when the step was not left in flight, for logprobs."""
+        t2 = time.perf_counter()
+        if step.copied is not None:
+            step.copied.synchronize()
+        token_ids = step.host_ids.tolist()
+        t3 = time.perf_counter()
+        sampled = {rid: token_ids[i] for rid, i in step.rows.items()}
+        logprobs: dict[str, TokenLogprob | None] = {}
+        if result is not None and result.logprobs is not None:
+            reqs = sorted(step.rows, key=step.rows.__getitem__)
+            wanted = [self.requests[rid].sampling_params.logprobs for rid in reqs]
+            logprobs = dict(zip(reqs, self.outputs.logprobs_rows(result, wanted), strict=True))
+        updates = self.scheduler.update_from_output(step.out, sampled)
+        deltas = []
+        for upd in updates:
+            req = self.requests.get(upd.request_id)
+            if req is None:
+                continue
+            delta = self.outputs.process(req, upd, logprobs.get(upd.request_id))
+            if delta is None:
+                continue
+            self.generation_tokens_total += len(delta.new_token_ids)
+            if delta.finished and not req.status.is_finished:
+                self.scheduler.finish(req.request_id, delta.finish_reason or "stop")  # a stop string
+            deltas.append(self._retire(delta) if delta.finished else delta)
+        schedule, launch, has_prefill = step.profile
+        self.profile.add(len(step.out.scheduled), schedule, launch, t3 - t2, time.perf_counter() - t3,
+                         has_prefill=bool(has_prefill), in_flight=step.out.tokens_pending)
+        return deltas
 
     def _retire(self, delta: CompletionDelta) -> CompletionDelta:
         self.requests.pop(delta.request_id, None)

@@ -222,6 +222,18 @@ class KVCacheManager:
             rb.tables[g].extend(self.pools[g].allocate() for _ in range(n))
         return True
 
+    def can_allocate_all(self, reqs: list[Request], num_new_tokens: int) -> bool:
+        """Whether allocate_slots(req, num_new_tokens) would succeed for every one of `reqs` in turn
+        (conservative: the sliding blocks it would release first are not counted as free)."""
+        bs = self.block_size
+        need = dict.fromkeys(self.pools, 0)
+        for req in reqs:
+            rb = self.requests.get(req.request_id)
+            end_blocks = math.ceil((req.num_computed_tokens + num_new_tokens) / bs)
+            for g in self.pools:
+                need[g] += max(0, end_blocks - (len(rb.tables[g]) if rb else 0))
+        return all(need[g] <= pool.num_free for g, pool in self.pools.items())
+
     def free(self, request_id: str) -> None:
         """Release every block the request holds (tail first, so prefixes stay cached longer)."""
         rb = self.requests.pop(request_id, None)

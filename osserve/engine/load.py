@@ -49,6 +49,7 @@ class EngineArgs:
     block_size: int = 16
     no_prefix_caching: bool = False
     enforce_eager: bool = False
+    no_async_scheduling: bool = False
     tensor_parallel_size: int = 1
     seed: int = 0
 
@@ -121,6 +122,7 @@ def build_engine(args: EngineArgs) -> LLMEngine:
         max_num_batched_tokens=args.max_num_batched_tokens or defaults.max_num_batched_tokens,
         max_model_len=max_model_len,
         admission_delay_s=args.admission_delay_ms / 1000,
+        async_scheduling=not args.no_async_scheduling,
     )
     cache = CacheConfig(block_size=args.block_size, num_blocks=args.num_blocks,
                         kv_cache_gb=args.kv_cache_gb,

@@ -23,6 +23,7 @@ class RequestStatus(enum.Enum):
 
 
 FINISH_REASONS = ("stop", "length", "abort", "error")
+PENDING_TOKEN = -1  # stands for a token sampled on the device that the host has not read yet
 
 
 def finished_status(reason: str) -> RequestStatus:
@@ -48,6 +49,9 @@ class Request:
     first_token_time: float | None = None
     last_token_time: float | None = None
     admitted_once: bool = False
+    # Tokens sampled by a step still in flight (async scheduling): counted in num_tokens, so the
+    # next step can be scheduled before they are known; token_slice shows them as PENDING_TOKEN.
+    num_pending: int = 0
 
     @property
     def all_token_ids(self) -> list[int]:
@@ -56,13 +60,15 @@ class Request:
     def token_slice(self, start: int, end: int) -> list[int]:
         """all_token_ids[start:end] without building the whole list (decode steps are hot)."""
         p = len(self.prompt_token_ids)
+        known = p + len(self.output_token_ids)
+        pending = [PENDING_TOKEN] * (min(end, known + self.num_pending) - max(start, known))
         if start >= p:
-            return self.output_token_ids[start - p: end - p]
-        return self.prompt_token_ids[start:end] + self.output_token_ids[: max(0, end - p)]
+            return self.output_token_ids[start - p: end - p] + pending
+        return self.prompt_token_ids[start:end] + self.output_token_ids[: max(0, end - p)] + pending
 
     @property
     def num_tokens(self) -> int:
-        return len(self.prompt_token_ids) + len(self.output_token_ids)
+        return len(self.prompt_token_ids) + len(self.output_token_ids) + self.num_pending
 
     @property
     def num_prompt_tokens(self) -> int:

@@ -26,6 +26,9 @@ class BatchEntry:
     start_pos: int
     block_tables: dict[str, list[int]]  # by layer group; -1 where a block was freed
     sample: bool  # the last row's logits are wanted (this chunk reaches the sequence's end)
+    # Async scheduling: the last token is still on the device, row `prev_row` of the previous
+    # step's sampled ids (token_ids holds PENDING_TOKEN there); -1 when every token is known.
+    prev_row: int = -1
 
 
 @dataclass
@@ -83,9 +86,21 @@ class ModelRunner:
         return ModelInput(input_ids=self._to_device(ids), positions=self._to_device(pos), meta=meta,
                           sample_rows=self._to_device(sample_rows))
 
+    def fill_pending(self, input_ids: torch.Tensor, entries: list[BatchEntry], prev_tokens: torch.Tensor | None,
+                     ) -> None:
+        """Write the tokens still on the device (async scheduling) into input_ids, in place: the
+        last row of each entry with prev_row >= 0 takes prev_tokens[prev_row]. No host sync."""
+        if prev_tokens is None or all(e.prev_row < 0 for e in entries):
+            return
+        ends = np.cumsum([len(e.token_ids) for e in entries]) - 1
+        pairs = np.array([(end, e.prev_row) for end, e in zip(ends, entries, strict=True) if e.prev_row >= 0])
+        index = self._to_device(pairs.astype(np.int64))
+        input_ids.index_copy_(0, index[:, 0], prev_tokens[index[:, 1]].to(input_ids.dtype))
+
     @torch.inference_mode()
-    def run(self, entries: list[BatchEntry]) -> torch.Tensor:
-        """Logits [S, vocab] (float32) for the entries with sample=True, in their order."""
+    def run(self, entries: list[BatchEntry], prev_tokens: torch.Tensor | None = None) -> torch.Tensor:
+        """Logits [S, vocab] (float32) for the entries with sample=True, in their order.
+        prev_tokens: the previous step's sampled ids, on the device (see BatchEntry.prev_row)."""
         if self.graphs is not None and self.graphs.can_run(len(entries)) and all(
             len(e.token_ids) == 1 and e.sample for e in entries
         ):
@@ -93,8 +108,10 @@ class ModelRunner:
                 [e.token_ids[0] for e in entries], [e.start_pos for e in entries],
                 [e.start_pos + 1 for e in entries],
                 {g: [e.block_tables[g] for e in entries] for g in entries[0].block_tables},
+                fill_pending=lambda ids: self.fill_pending(ids, entries, prev_tokens),
             )
             return self.model.compute_logits(hidden)
         inp = self.prepare(entries)
+        self.fill_pending(inp.input_ids, entries, prev_tokens)
         hidden = self.model(inp.input_ids, inp.positions, inp.meta, self.kv_caches)
         return self.model.compute_logits(hidden[inp.sample_rows])

@@ -47,7 +47,9 @@ class SamplingBatch:
         vocab_size: int = 201088,
     ) -> SamplingBatch:
         def t(vals: list, dtype: torch.dtype) -> torch.Tensor:  # type: ignore[type-arg]
-            return torch.tensor(vals, dtype=dtype).to(device, non_blocking=True)
+            host = torch.tensor(vals, dtype=dtype)
+            # Pinned: a copy from pageable memory would make the host wait for the GPU's queue.
+            return (host.pin_memory() if device.type == "cuda" else host).to(device, non_blocking=True)
 
         need_penalty = any(
             p.repetition_penalty != 1.0 or p.frequency_penalty != 0.0 or p.presence_penalty != 0.0

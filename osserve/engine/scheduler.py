@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
+from collections.abc import Collection
 from dataclasses import dataclass, field
 
 from osserve.config import SchedulerConfig
@@ -37,6 +38,8 @@ class ScheduledRequest:
 class SchedulerOutput:
     scheduled: list[ScheduledRequest] = field(default_factory=list)
     preempted: list[str] = field(default_factory=list)
+    advanced: bool = False  # advance() counted the step's tokens as computed
+    tokens_pending: bool = False  # ... and its sampled tokens as pending (async scheduling)
 
     @property
     def num_batched_tokens(self) -> int:
@@ -118,13 +121,22 @@ class Scheduler:
         return SchedulerStats(len(self.running), len(self.waiting), self.num_preemptions)
 
     # ------------------------------------------------------------------ the step
-    def schedule(self) -> SchedulerOutput:
+    def schedule(self, skip: Collection[str] = ()) -> SchedulerOutput:
+        """The next step. `skip`: running requests to leave out of it (async scheduling: those
+        whose in-flight token is certain to be their last)."""
         out = SchedulerOutput()
         budget = self.config.max_num_batched_tokens
         i = 0
         while i < len(self.running) and budget > 0:
             req = self.running[i]
+            if req.request_id in skip:
+                i += 1
+                continue
             n = min(req.num_tokens - req.num_computed_tokens, budget)
+            # Offer its computed blocks to the prefix cache before allocate_slots releases the
+            # sliding ones that left the window (with a step in flight, update_from_output comes
+            # after this; every token before num_computed_tokens is known here).
+            self.kv.cache_computed_blocks(req)
             while not self.kv.allocate_slots(req, n):
                 victim = self.running.pop()  # the most recently admitted
                 self._preempt(victim)
@@ -190,20 +202,41 @@ class Scheduler:
         self.num_preemptions += 1
         self.waiting.appendleft(req)
 
+    def advance(self, out: SchedulerOutput, tokens_pending: bool = False) -> None:
+        """Count a launched step's tokens as computed (and, with tokens_pending, the tokens it
+        samples as in flight), so that the next step can be scheduled before this one ends."""
+        for s in out.scheduled:
+            req = self.requests.get(s.request_id)
+            if req is None or req.status is not RequestStatus.RUNNING:
+                continue
+            req.num_computed_tokens += s.num_new_tokens
+            if tokens_pending and s.needs_sample:
+                req.num_pending += 1
+        out.advanced, out.tokens_pending = True, tokens_pending
+
     def update_from_output(self, out: SchedulerOutput, sampled: dict[str, int]) -> list[RequestUpdate]:
-        """Advance computed counts, cache full blocks, append sampled tokens, check stops."""
+        """Once a step's sampled tokens are on the host: cache full blocks, append the tokens,
+        check stops (advancing the computed counts first if advance() was not called)."""
+        if not out.advanced:
+            self.advance(out)
         updates: list[RequestUpdate] = []
         now = time.monotonic()
         for s in out.scheduled:
             req = self.requests.get(s.request_id)
-            if req is None or req.status is not RequestStatus.RUNNING:
-                continue  # finished or preempted meanwhile
-            req.num_computed_tokens += s.num_new_tokens
-            self.kv.cache_computed_blocks(req)
-            if not s.needs_sample:
+            if req is None:
+                continue  # finished meanwhile (abort, a stop string)
+            # A request preempted while its token was in flight keeps the token (async only).
+            sampling = s.needs_sample and req.status in (RequestStatus.RUNNING, RequestStatus.PREEMPTED)
+            if sampling:
+                if out.tokens_pending:
+                    req.num_pending -= 1
+                req.output_token_ids.append(sampled[s.request_id])
+            if req.status is RequestStatus.RUNNING:
+                # After the append: with a later step in flight, its input is this token.
+                self.kv.cache_computed_blocks(req)
+            if not sampling:
                 continue
             token = sampled[s.request_id]
-            req.output_token_ids.append(token)
             req.first_token_time = req.first_token_time or now
             req.last_token_time = now
             reason = self._stop_reason(req, token)
@@ -221,6 +254,12 @@ class Scheduler:
             return "stop"
         if p.max_tokens is not None and n_out >= p.max_tokens:
             return "length"
-        if req.num_tokens >= self.config.max_model_len:
+        if req.num_prompt_tokens + n_out >= self.config.max_model_len:
             return "length"
         return None
+
+    def ends_by_length(self, req: Request) -> bool:
+        """Its tokens in flight will bring the request to max_tokens or to the context limit."""
+        p = req.sampling_params
+        out = req.num_output_tokens + req.num_pending
+        return (p.max_tokens is not None and out >= p.max_tokens) or req.num_tokens >= self.config.max_model_len

@@ -136,11 +136,36 @@ def test_abort_frees_every_block(tiny_checkpoint: Path) -> None:
     for _ in range(3):
         eng.step()
     assert any(eng.kv.num_free_blocks(g) < eng.kv.num_blocks(g) for g in eng.kv.groups)
+    assert eng.in_flight is not None  # the aborts land while a step runs
     for i in range(4):
         d = eng.abort(f"a{i}")
         assert d is not None and d.finish_reason == "abort"
     assert not eng.has_unfinished()
     assert all(eng.kv.num_free_blocks(g) == eng.kv.num_blocks(g) for g in eng.kv.groups)
+
+
+def test_async_scheduling_changes_no_output(tiny_checkpoint: Path, alone: dict[str, list[int]]) -> None:
+    """Steps left in flight (the next one scheduled on the device's tokens) give the same tokens
+    as finishing every step first: greedy, with requests arriving mid-run, stopping on a stop
+    token while the next step already runs, and ending at different max_tokens."""
+    stop_token = alone["r3"][5]  # appears mid-output: r3 (at least) stops on it
+    params = SamplingParams(temperature=0, max_tokens=MAX_TOKENS, stop_token_ids=[stop_token])
+    results, profiles = [], []
+    for run_ahead in (True, False):
+        eng = make_engine(tiny_checkpoint, no_async_scheduling=not run_ahead)
+        out = run(eng, prompts(), params, stagger=2)
+        for i, p in enumerate(prompts(4, seed=11)):  # different lengths, all at once
+            eng.add_request(f"m{i}", p, SamplingParams(temperature=0, max_tokens=3 + 2 * i, ignore_eos=True))
+        while eng.has_unfinished():
+            for d in eng.step():
+                out.setdefault(d.request_id, []).extend(d.new_token_ids)
+        results.append(out)
+        profiles.append(eng.profile.steps_in_flight)
+        assert all(eng.kv.num_free_blocks(g) == eng.kv.num_blocks(g) for g in eng.kv.groups)
+    assert results[0] == results[1]
+    assert results[0]["r3"] == alone["r3"][:6]
+    assert [len(results[0][f"m{i}"]) for i in range(4)] == [3, 5, 7, 9]
+    assert profiles[0] > 10 and profiles[1] == 0  # async really ran ahead; sync never did
 
 
 @pytest.mark.parametrize(
