@@ -97,7 +97,7 @@ class InFlightStep:
     token_ids: torch.Tensor  # [S] on the device: the next step's decode inputs read it there
     host_ids: torch.Tensor  # [S] the same, copied without blocking (pinned on a GPU)
     copied: torch.cuda.Event | None  # marks the copy's end on a GPU
-    profile: tuple[float, float, float]  # (schedule, launch, has_prefill) of its launch
+    profile: tuple[float, float, bool]  # (schedule s, launch s, has a prefill) of its launch
 
 
 def can_run_ahead(params: SamplingParams, num_output_tokens: int) -> bool:
@@ -238,7 +238,7 @@ class LLMEngine:
         return self.sampler.sample(logits, batch)
 
     def _in_flight(self, out: SchedulerOutput, rows: list[Request], result: SamplerOutput | None,
-                   profile: tuple[float, float, float]) -> InFlightStep:
+                   profile: tuple[float, float, bool]) -> InFlightStep:
         """Start copying the sampled ids to the host without waiting for them."""
         ids = result.token_ids if result is not None else torch.empty(0, dtype=torch.int64)
         copied = None
@@ -263,7 +263,7 @@ class LLMEngine:
         logprobs: dict[str, TokenLogprob | None] = {}
         if result is not None and result.logprobs is not None:
             reqs = sorted(step.rows, key=step.rows.__getitem__)
-            wanted = [self.requests[rid].sampling_params.logprobs for rid in reqs]
+            wanted = [self.requests[rid].sampling_params.logprobs if rid in self.requests else None for rid in reqs]
             logprobs = dict(zip(reqs, self.outputs.logprobs_rows(result, wanted), strict=True))
         updates = self.scheduler.update_from_output(step.out, sampled)
         deltas = []
@@ -280,7 +280,7 @@ class LLMEngine:
             deltas.append(self._retire(delta) if delta.finished else delta)
         schedule, launch, has_prefill = step.profile
         self.profile.add(len(step.out.scheduled), schedule, launch, t3 - t2, time.perf_counter() - t3,
-                         has_prefill=bool(has_prefill), in_flight=step.out.tokens_pending)
+                         has_prefill=has_prefill, in_flight=step.out.tokens_pending)
         return deltas
 
     def _retire(self, delta: CompletionDelta) -> CompletionDelta:

@@ -168,6 +168,26 @@ def test_async_scheduling_changes_no_output(tiny_checkpoint: Path, alone: dict[s
     assert profiles[0] > 10 and profiles[1] == 0  # async really ran ahead; sync never did
 
 
+def test_requests_that_need_their_tokens_mix_with_async(tiny_checkpoint: Path) -> None:
+    """Logprobs and penalties need each token on the host before the next is sampled: with such a
+    request in the batch the engine finishes each step, and everyone's output is unchanged."""
+    special = {"r1": {"logprobs": 2}, "r2": {"repetition_penalty": 1.3, "frequency_penalty": 0.5},
+               "r3": {"min_tokens": 6}}
+    results = []
+    for run_ahead in (True, False):
+        eng = make_engine(tiny_checkpoint, no_async_scheduling=not run_ahead)
+        for i, p in enumerate(prompts(5, seed=21)):
+            extra = special.get(f"r{i}", {})
+            eng.add_request(f"r{i}", p, SamplingParams(temperature=0, max_tokens=8, ignore_eos=True, **extra))
+        out: dict[str, list] = {}
+        while eng.has_unfinished():
+            for d in eng.step():
+                out.setdefault(d.request_id, []).append((d.new_token_ids, d.new_logprobs))
+        results.append(out)
+    assert results[0] == results[1]
+    assert all(lp is not None for _, lp in results[0]["r1"]) and all(lp is None for _, lp in results[0]["r0"])
+
+
 @pytest.mark.parametrize(
     ("prompt", "params", "error", "field"),
     [
