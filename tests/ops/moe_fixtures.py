@@ -2,9 +2,23 @@
 
 from __future__ import annotations
 
+from types import ModuleType
+
+import pytest
 import torch
 
 from osserve.ops.moe import ExpertWeights
+
+
+def poison_fresh_buffers(monkeypatch: pytest.MonkeyPatch, *modules: ModuleType) -> None:
+    """Make each module's `_empty` return NaN / garbage, so entries a kernel leaves unwritten show."""
+
+    def poisoned(*shape, dtype: torch.dtype, device: str | torch.device) -> torch.Tensor:
+        fill = float("nan") if dtype.is_floating_point else -(2**30)
+        return torch.full(shape, fill, dtype=dtype, device=device)
+
+    for module in modules:
+        monkeypatch.setattr(module, "_empty", poisoned)
 
 
 def random_experts(

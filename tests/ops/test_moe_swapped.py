@@ -11,7 +11,7 @@ from osserve.ops import moe_align, moe_swapped
 from osserve.ops.moe import moe_reference
 from osserve.ops.moe_swapped import SwappedConfig, fused_moe_swapped, split_k
 from osserve.ops.moe_triton import prepare_mxfp4_experts
-from tests.ops.moe_fixtures import random_experts, random_routing
+from tests.ops.moe_fixtures import poison_fresh_buffers, random_experts, random_routing
 
 LIMIT = 7.0
 SMALL = SwappedConfig(16, 16, 64, 4, 1, 32, 64, 4, 1)
@@ -22,13 +22,7 @@ NO_SPLIT, MAX_SPLIT = 1, 10**6  # min_programs
 @pytest.fixture(autouse=True)
 def poison(monkeypatch: pytest.MonkeyPatch) -> None:
     """Every fresh buffer the kernels allocate starts as NaN / garbage, so unwritten entries show."""
-
-    def poisoned(*shape, dtype: torch.dtype, device: str | torch.device) -> torch.Tensor:
-        fill = float("nan") if dtype.is_floating_point else -(2**30)
-        return torch.full(shape, fill, dtype=dtype, device=device)
-
-    monkeypatch.setattr(moe_swapped, "_empty", poisoned)
-    monkeypatch.setattr(moe_align, "_empty", poisoned)
+    poison_fresh_buffers(monkeypatch, moe_swapped, moe_align)
 
 
 def _check(num_tokens: int, num_experts: int, top_k: int, hidden: int, inter: int, mode: str,

@@ -9,7 +9,7 @@ from osserve.ops import moe_align, moe_triton
 from osserve.ops.moe import fused_moe, moe_reference
 from osserve.ops.moe_align import align_tokens
 from osserve.ops.moe_triton import MoEConfig, fused_moe_triton, prepare_mxfp4_experts
-from tests.ops.moe_fixtures import random_experts, random_routing
+from tests.ops.moe_fixtures import poison_fresh_buffers, random_experts, random_routing
 
 LIMIT = 7.0
 SMALL = MoEConfig(16, 32, 64, 4, 1, 32, 64, 4, 1)  # EVEN_K at H=I=64
@@ -20,13 +20,7 @@ WIDE = MoEConfig(32, 64, 64, 4, 1, 128, 32, 4, 1)  # BLOCK_N > N in GEMM2: exerc
 @pytest.fixture(autouse=True)
 def poison(monkeypatch: pytest.MonkeyPatch) -> None:
     """Every fresh buffer the kernels allocate starts as NaN / garbage, so unwritten entries show."""
-
-    def poisoned(*shape, dtype: torch.dtype, device: str | torch.device) -> torch.Tensor:
-        fill = float("nan") if dtype.is_floating_point else -(2**30)
-        return torch.full(shape, fill, dtype=dtype, device=device)
-
-    monkeypatch.setattr(moe_triton, "_empty", poisoned)
-    monkeypatch.setattr(moe_align, "_empty", poisoned)
+    poison_fresh_buffers(monkeypatch, moe_triton, moe_align)
 
 
 def _check(num_tokens: int, num_experts: int, top_k: int, hidden: int, inter: int, mode: str,
