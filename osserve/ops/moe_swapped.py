@@ -1,4 +1,4 @@
-"""Fused MXFP4 MoE for decode-size batches: the weights are the left operand (W @ X^T).
+"""Fused MXFP4 MoE for batches up to 4096 tokens: the weights are the left operand (W @ X^T).
 
 moe_triton.py tiles each expert's GEMM as X [tokens, K] @ W^T: a tile holds BLOCK_M token rows,
 so at decode (one to a few tokens per expert) 16 rows are computed for every real one, and the
@@ -45,9 +45,10 @@ class SwappedConfig:
     fast_dequant: bool = False  # moe_triton.py's inline-PTX dequantiser
 
 
-# Keyed by the largest token count of the bucket; above the last, moe_triton.py's token-tiled
-# kernel. The token tile follows the slots an expert gets (T * 4 / E): 16 covers decode up to
-# 64 tokens on the 20b. Chosen on an H100 with benchmarks/bench_moe_decode.py (NOTES-moe.md).
+# Keyed by the largest token count of the bucket; above the last, fused_moe (moe.py) takes the
+# dense path or moe_triton.py's token-tiled kernel. The token tile follows the slots an expert
+# gets (T * 4 / E): 16 covers decode up to 64 tokens on the 20b. Chosen on an H100 with
+# benchmarks/bench_moe_decode.py (NOTES-moe.md).
 CONFIGS: dict[int, SwappedConfig] = {
     64: SwappedConfig(16, 64, 128, 4, 3, 64, 128, 4, 3, True),
     256: SwappedConfig(32, 64, 128, 4, 3, 64, 128, 4, 3, True),
@@ -242,7 +243,8 @@ def fused_moe_swapped(
 ) -> torch.Tensor:
     """x [T, H] -> [T, H]; same function as moe_reference. Host-sync free, CUDA-graph capturable.
 
-    min_programs: split K until each GEMM's grid has this many programs (default: 4 per SM)."""
+    min_programs: split K until each GEMM's grid has this many programs (default PROGRAMS_PER_SM
+    per SM)."""
     num_tokens, hidden = x.shape
     top_k = topk_ids.shape[1]
     num_slots = num_tokens * top_k
@@ -301,8 +303,9 @@ def compile_kernels(prepared: PreparedExperts, top_k: int, swiglu_limit: float, 
     """Run each token-count bucket once (batch 1 with split K, then each config's largest batch),
     so that no serving step waits seconds for Triton to compile a configuration it meets first."""
     device = prepared.w1.device
+    rng = torch.Generator(device).manual_seed(0)  # leaves the global generator's stream alone
     for num_tokens in (1, *CONFIGS):
-        x = torch.randn(num_tokens, prepared.hidden, device=device, dtype=dtype)
-        ids = torch.randint(0, prepared.num_experts, (num_tokens, top_k), device=device)
+        x = torch.randn(num_tokens, prepared.hidden, device=device, dtype=dtype, generator=rng)
+        ids = torch.randint(0, prepared.num_experts, (num_tokens, top_k), device=device, generator=rng)
         weights = torch.full((num_tokens, top_k), 1.0 / top_k, device=device, dtype=dtype)
         fused_moe_swapped(x, weights, ids, prepared, swiglu_limit)
