@@ -26,7 +26,7 @@ import triton.language as tl
 
 from osserve.ops.moe import SWIGLU_ALPHA
 from osserve.ops.moe_align import RoutingPlan, align_tokens
-from osserve.ops.moe_triton import UNSCALE, PreparedExperts, _dequant
+from osserve.ops.moe_triton import UNSCALE, PreparedExperts, _dequant, _swiglu
 
 _empty = torch.empty  # one seam for tests to poison fresh buffers
 
@@ -143,13 +143,6 @@ def _gate_up_swapped_kernel(
         h = _swiglu(acc_g + bg[:, None], acc_u + bu[:, None], limit, ALPHA)  # [BW, BT]
         a_out = act_ptr + rows[None, :].to(tl.int64) * stride_am + wrows[:, None]
         tl.store(a_out, h.to(act_ptr.dtype.element_ty), mask=w_ok[:, None])
-
-
-@triton.jit
-def _swiglu(gate, up, limit, ALPHA: tl.constexpr):
-    gate = tl.minimum(gate, limit)
-    up = tl.minimum(tl.maximum(up, -limit), limit)
-    return gate * tl.sigmoid(ALPHA * gate) * (up + 1.0)
 
 
 @triton.jit(do_not_specialize=["num_slots", "num_splits"])

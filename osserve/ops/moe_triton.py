@@ -186,6 +186,14 @@ def _dequant(packed, scale, dtype: tl.constexpr, FAST: tl.constexpr):
 
 
 @triton.jit
+def _swiglu(gate, up, limit, ALPHA: tl.constexpr):
+    """gpt-oss's clamped SwiGLU (ops/moe.py swiglu) on de-interleaved gate and up tiles."""
+    gate = tl.minimum(gate, limit)
+    up = tl.minimum(tl.maximum(up, -limit), limit)
+    return gate * tl.sigmoid(ALPHA * gate) * (up + 1.0)
+
+
+@triton.jit
 def _gate_up_kernel(
     x_ptr, w_ptr, s_ptr, b_ptr, act_ptr,  # x [T, K]; w [E, 2N, K/2]; s [E, 2N, K/32]; b [E, 2N]; act [P, N]
     sorted_ptr, block_expert_ptr, num_padded_ptr,
@@ -236,9 +244,7 @@ def _gate_up_kernel(
     acc_u = acc_u * UNSCALE
     bg = tl.load(b_ptr + expert * stride_be + cols, mask=col_ok, other=0.0)
     bu = tl.load(b_ptr + expert * stride_be + N + cols, mask=col_ok, other=0.0)
-    gate = tl.minimum(acc_g + bg[None, :], limit)
-    up = tl.minimum(tl.maximum(acc_u + bu[None, :], -limit), limit)
-    h = gate * tl.sigmoid(ALPHA * gate) * (up + 1.0)
+    h = _swiglu(acc_g + bg[None, :], acc_u + bu[None, :], limit, ALPHA)
     a_out = act_ptr + rows[:, None].to(tl.int64) * stride_am + cols[None, :]
     tl.store(a_out, h.to(act_ptr.dtype.element_ty), mask=col_ok[None, :])
 
