@@ -178,8 +178,7 @@ class LLMEngine:
             self.in_flight = None
             return self._finish(prev)  # drain: the next call schedules with every token known
         t0 = time.perf_counter()
-        skip = {r.request_id for r in self.scheduler.running if r.num_pending} if prev else set()
-        skip = {rid for rid in skip if self.scheduler.ends_by_length(self.requests[rid])}
+        skip = {r.request_id for r in self.scheduler.running if self._ends_in_flight(r)}
         out = self.scheduler.schedule(skip)
         if not out.scheduled:
             self.in_flight = None
@@ -220,10 +219,14 @@ class LLMEngine:
         sched = self.scheduler
         if sched.waiting and len(sched.running) < self.scheduler_config.max_num_seqs:
             return False  # an admission: a prefill, and new prompts change the batch's shape
-        going_on = [r for r in sched.running if not (r.num_pending and sched.ends_by_length(r))]
+        going_on = [r for r in sched.running if not self._ends_in_flight(r)]
         return all(r.num_tokens - r.num_computed_tokens == 1
                    and can_run_ahead(r.sampling_params, r.num_output_tokens) for r in going_on) \
             and self.kv.can_allocate_all(going_on, 1)
+
+    def _ends_in_flight(self, req: Request) -> bool:
+        """Its token in flight is certain to be its last: it sits the next step out."""
+        return req.num_pending > 0 and self.scheduler.ends_by_length(req)
 
     def _launch_sample(self, rows: list[Request], logits: torch.Tensor) -> SamplerOutput | None:
         if not rows:

@@ -227,16 +227,16 @@ class Scheduler:
                 continue  # finished meanwhile (abort, a stop string)
             # A request preempted while its token was in flight keeps the token (async only).
             sampling = s.needs_sample and req.status in (RequestStatus.RUNNING, RequestStatus.PREEMPTED)
-            if sampling:
+            token = sampled[s.request_id] if sampling else None
+            if token is not None:
                 if out.tokens_pending:
                     req.num_pending -= 1
-                req.output_token_ids.append(sampled[s.request_id])
+                req.output_token_ids.append(token)
             if req.status is RequestStatus.RUNNING:
                 # After the append: with a later step in flight, its input is this token.
                 self.kv.cache_computed_blocks(req)
-            if not sampling:
+            if token is None:
                 continue
-            token = sampled[s.request_id]
             req.first_token_time = req.first_token_time or now
             req.last_token_time = now
             reason = self._stop_reason(req, token)
