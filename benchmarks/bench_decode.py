@@ -93,16 +93,30 @@ def moe_bandwidth(name: str) -> dict[str, float]:
 
 
 AB_VARIANTS = {"router": ("cublas-router", "fused-router"), "moe": ("token-tiled-moe", "swapped-moe"),
-               "async": ("sync-steps", "async-steps")}
+               "async": ("sync-steps", "async-steps"), "kernel": ("baseline-moe-kernel", "current-moe-kernel")}
 
 
-def set_variant(variant: str) -> None:
-    """The A/B switches, for this script only: module-level bounds the dispatchers read per call."""
+def set_variant(variant: str, baseline_path: str | None) -> None:
+    """The A/B switches, for this script only: module-level names the dispatchers read per call.
+    baseline-moe-kernel runs an older moe_swapped.py (bench_moe_decode.load_baseline) on
+    row-major scales in place of the current swapped kernel."""
     import osserve.ops.moe_swapped as moe_swapped
+    import osserve.ops.moe_triton as moe_triton
     import osserve.ops.router_gemm_triton as fused_router
+    from benchmarks.bench_moe_decode import load_baseline
 
     fused_router.FUSED_MAX_TOKENS = 0 if variant == "cublas-router" else 128
     moe_swapped.MAX_TOKENS = 0 if variant == "token-tiled-moe" else max(moe_swapped.CONFIGS)
+    current = CURRENT.setdefault("kernel", (moe_swapped.fused_moe_swapped, moe_triton._group_major))
+    if variant == "baseline-moe-kernel":
+        baseline = load_baseline(baseline_path)
+        assert baseline is not None, "--ab kernel needs --baseline FILE"
+        moe_swapped.fused_moe_swapped, moe_triton._group_major = baseline.fused_moe_swapped, lambda t: t
+    else:
+        moe_swapped.fused_moe_swapped, moe_triton._group_major = current
+
+
+CURRENT: dict[str, tuple] = {}  # the swapped kernel and the scale layout, before any switch
 
 
 def main() -> None:
@@ -116,12 +130,14 @@ def main() -> None:
     ap.add_argument("--ab", choices=sorted(AB_VARIANTS), default=None,
                     help="each preset twice, old path then new: router (cuBLAS + top-k kernel vs the fused "
                          "small-batch kernel), moe (token-tiled kernel at decode vs the swapped one) or async "
-                         "(each step finished before the next is scheduled vs async scheduling)")
+                         "(each step finished before the next is scheduled vs async scheduling) or kernel "
+                         "(an older moe_swapped.py, --baseline, vs the current one)")
+    ap.add_argument("--baseline", default=None, help="for --ab kernel: the older moe_swapped.py")
     args = ap.parse_args()
     rows, results = [], {}
     runs = [(p, v) for p in args.presets.split(",") for v in (AB_VARIANTS[args.ab] if args.ab else ("",))]
     for name, variant in runs:
-        set_variant(variant)
+        set_variant(variant, args.baseline)
         label = f"{name}/{variant}" if variant else name
         engine = build_engine(EngineArgs(load_format="dummy", preset=name, max_model_len=8192, max_num_seqs=64,
                                          max_num_batched_tokens=16384,

@@ -1,7 +1,8 @@
 """Decode-size MoE: the swapped kernel (weights as the dot's left operand, moe_swapped.py) against
 the token-tiled fused kernel (moe_triton.py), same run, gpt-oss-20b and -120b shapes.
 
-Run on the GPU: PYTHONPATH=$PWD python3 benchmarks/bench_moe_decode.py [--quick]
+Run on the GPU: PYTHONPATH=$PWD python3 benchmarks/bench_moe_decode.py [--tokens 1,32] [--no-sweep]
+[--baseline OLD_moe_swapped.py]
 Correctness first (bf16 vs the float32 reference, every candidate, several batch sizes), then
 CUDA-graph timings over L layers with distinct weights (so L2 cannot hold them), / L.
 """
@@ -9,17 +10,20 @@ CUDA-graph timings over L layers with distinct weights (so L2 cannot hold them),
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
+import sys
+from dataclasses import replace
 from functools import partial
 
 import torch
 
 from benchmarks.bench_moe import EXPERT_BYTES, graph_time_us
 from osserve.ops.moe import moe_reference
-from osserve.ops.moe_swapped import SwappedConfig, fused_moe_swapped
+from osserve.ops.moe_swapped import PROGRAMS_PER_SM, SwappedConfig, fused_moe_swapped
 from osserve.ops.moe_swapped import pick_config as pick_swapped
-from osserve.ops.moe_triton import fused_moe_triton, pick_config, prepare_mxfp4_experts
+from osserve.ops.moe_triton import PreparedExperts, fused_moe_triton, pick_config, prepare_mxfp4_experts
 from tests.ops.moe_fixtures import random_experts, random_routing
 
 HIDDEN = INTER = 2880
@@ -27,16 +31,40 @@ TOP_K, LIMIT = 4, 7.0
 MODELS = {"20b": (32, 4), "120b": (128, 2)}
 
 
+# (block_t, block_w, block_k, warps, stages) tried for both GEMMs besides the defaults.
+SHAPES = [(16, 64, 128, 4, 4), (16, 64, 256, 4, 3), (16, 64, 64, 4, 4), (16, 128, 128, 8, 3),
+          (32, 64, 128, 4, 3), (32, 64, 128, 4, 4), (32, 64, 256, 4, 3), (32, 128, 128, 8, 3), (32, 64, 64, 4, 4),
+          (64, 64, 128, 4, 3), (64, 64, 128, 4, 4), (64, 128, 128, 8, 3), (64, 64, 256, 4, 3), (64, 128, 64, 8, 4),
+          (128, 64, 128, 4, 3), (128, 128, 64, 8, 3)]
+
+
 def candidates(t: int, sms: int) -> list[tuple[SwappedConfig, int]]:
     """(config, min_programs) pairs to time at T tokens: the default config with K split to fill
-    1 (no split), 2, 4 or 8 programs per SM, and a few other tile shapes."""
+    1 (no split), 2, 4 or 8 programs per SM, and other tile shapes (token tiles up to twice the
+    slots an expert gets)."""
     base = pick_swapped(t)
     out = [(base, m * sms) for m in (0, 2, 4, 8)]
-    shapes = [(16, 64, 128, 4, 4), (16, 64, 256, 4, 3), (32, 64, 128, 4, 3), (64, 64, 128, 4, 3),
-              (128, 128, 64, 8, 3)]
-    out += [(SwappedConfig(bt, bw, bk, w, st, bw, bk, w, st, True), 4 * sms) for bt, bw, bk, w, st in shapes]
+    out += [(SwappedConfig(bt, bw, bk, w, st, bw, bk, w, st, True), PROGRAMS_PER_SM * sms)
+            for bt, bw, bk, w, st in SHAPES]
     return [(cfg, max(m, 1)) for cfg, m in out
             if cfg.block_t <= 2 * max(16, triton_next_pow2(t * TOP_K // 32))]
+
+
+def row_major_scales(p: PreparedExperts) -> PreparedExperts:
+    """The same experts with the scales stored row-major (the layout before group-major)."""
+    return replace(p, s1=p.s1.contiguous(), s2=p.s2.contiguous())
+
+
+def load_baseline(path: str | None):  # type: ignore[no-untyped-def]
+    """An older moe_swapped.py (e.g. `git show REV:osserve/ops/moe_swapped.py > F`) to time in the
+    same run; it reads row-major scales."""
+    if not path or not os.path.exists(path):
+        return None
+    spec = importlib.util.spec_from_file_location("baseline_moe_swapped", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
 
 
 def kernel_breakdown(prepared: list, num_experts: int, t: int) -> dict[str, float]:
@@ -63,7 +91,10 @@ def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--tokens", default="1,8,32,64,256,1024")
+    parser.add_argument("--baseline", help="an older moe_swapped.py to time beside the current one")
+    parser.add_argument("--no-sweep", action="store_true", help="time the default configurations only")
     args = parser.parse_args()
+    baseline = load_baseline(args.baseline)
     tokens = [int(t) for t in args.tokens.split(",")]
     props = torch.cuda.get_device_properties(0)
     sms = props.multi_processor_count
@@ -84,7 +115,9 @@ def main() -> None:
             errs = [rel_err(fused_moe_triton(x, w.bfloat16(), ids, prepared[0], LIMIT), ref)]
             errs += [rel_err(fused_moe_swapped(x, w.bfloat16(), ids, prepared[0], LIMIT, min_programs=m), ref)
                      for m in (1, 4 * sms, 10**6)]
-            print(f"check {model} T={t} {mode}: token-tiled / swapped (no split, default, max split) err "
+            errs.append(rel_err(fused_moe_swapped(x, w.bfloat16(), ids, row_major_scales(prepared[0]), LIMIT), ref))
+            print(f"check {model} T={t} {mode}: token-tiled / swapped (no split, default, max split, "
+                  "row-major scales) err "
                   + " / ".join(f"{e:.2e}" for e in errs), flush=True)
             assert all(e < 1e-2 for e in errs), errs
         for t in tokens:
@@ -95,10 +128,19 @@ def main() -> None:
             base = graph_time_us([partial(fused_moe_triton, x, w, ids, p, LIMIT) for p in prepared])
             results.append(dict(model=model, T=t, kernel="token-tiled", cfg=str(pick_config(t)), us=base, hit=hit))
             print(f"time {model} T={t} token-tiled {base:.1f} us", flush=True)
-            for cfg, min_programs in candidates(t, sms) if model == "20b" else [(pick_swapped(t), 4 * sms)]:
+            default_pair = (pick_swapped(t), PROGRAMS_PER_SM * sms)
+            if baseline is not None:  # same run: the older kernel, and the current one on row-major scales
+                rows = [row_major_scales(p) for p in prepared]
+                for label, fn in (("baseline", baseline.fused_moe_swapped), ("row-major", fused_moe_swapped)):
+                    us = graph_time_us([partial(fn, x, w, ids, p, LIMIT, *default_pair) for p in rows])
+                    results.append(dict(model=model, T=t, kernel=label, cfg=str(default_pair[0]), us=us, hit=hit))
+                    print(f"time {model} T={t} {label}: {us:.1f} us", flush=True)
+                rows = []
+            sweep = model == "20b" and not args.no_sweep
+            for cfg, min_programs in candidates(t, sms) if sweep else [default_pair]:
                 us = graph_time_us([partial(fused_moe_swapped, x, w, ids, p, LIMIT, cfg, min_programs)
                                     for p in prepared])
-                default = cfg == pick_swapped(t) and min_programs == 4 * sms
+                default = (cfg, min_programs) == default_pair
                 results.append(dict(model=model, T=t, kernel="swapped" + ("*" if default else ""),
                                     cfg=f"{cfg} min_programs={min_programs}", us=us, hit=hit))
                 print(f"time {model} T={t} {results[-1]['cfg']}: {us:.1f} us", flush=True)

@@ -76,6 +76,15 @@ def _mxfp4_dot(acc, w, s, a_lo, a_hi, BLOCK_W: tl.constexpr, BLOCK_K: tl.constex
 
 
 @triton.jit
+def _load_scales(row_ptrs, k0, k_end, w_ok, group, stride_sk):
+    """The [BW, BK/32] scales of the K step at k0 (zero past k_end). Loaded a step ahead of their
+    use: the pipeliner does not stage these (they reach the dot through the dequantiser, not as
+    an operand), so a load in the step that uses them would stall every step on its latency."""
+    mask = w_ok[:, None] & (k0 + group * 32 < k_end)[None, :]
+    return tl.load(row_ptrs + (k0 // 32 + group)[None, :] * stride_sk, mask=mask, other=0)
+
+
+@triton.jit
 def _tile_setup(sorted_ptr, block_expert_ptr, pid_t, num_slots, BLOCK_T: tl.constexpr):
     """A program's expert, its BLOCK_T rows of the plan, their slots and which of those are real."""
     expert = tl.load(block_expert_ptr + pid_t).to(tl.int64)
@@ -94,7 +103,7 @@ def _gate_up_swapped_kernel(
     x_ptr, w_ptr, s_ptr, b_ptr, act_ptr, part_ptr,  # x [T, K]; w [E, 2N, K/2]; s [E, 2N, K/32]; b [E, 2N]
     sorted_ptr, block_expert_ptr, num_padded_ptr,   # act [P, N]; part [S, P, 2N] float32 (split K only)
     num_slots, N, K, num_t_blocks, num_splits, k_per_split, limit,
-    stride_xm, stride_we, stride_wn, stride_se, stride_sn, stride_be, stride_am, stride_ps, stride_pm,
+    stride_xm, stride_we, stride_wn, stride_se, stride_sn, stride_sk, stride_be, stride_am, stride_ps, stride_pm,
     TOP_K: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_W: tl.constexpr, BLOCK_K: tl.constexpr,
     SPLIT: tl.constexpr, ALPHA: tl.constexpr, UNSCALE: tl.constexpr, FAST: tl.constexpr,
 ):
@@ -113,19 +122,23 @@ def _gate_up_swapped_kernel(
     col = (byte // 16) * 32 + byte % 16  # activation column of each low nibble
     a_ptrs = x_ptr + token[None, :] * stride_xm + col[:, None]  # [BK/2, BT]
     wg_ptrs = w_ptr + expert * stride_we + wrows[:, None] * stride_wn + byte[None, :]
-    sg_ptrs = s_ptr + expert * stride_se + wrows[:, None] * stride_sn + group[None, :]
+    sg_ptrs = s_ptr + expert * stride_se + wrows[:, None] * stride_sn
     acc_g = tl.zeros([BLOCK_W, BLOCK_T], dtype=tl.float32)
     acc_u = tl.zeros([BLOCK_W, BLOCK_T], dtype=tl.float32)
-    k_end = tl.minimum(K, (pid_s + 1) * k_per_split)
-    for k0 in range(pid_s * k_per_split, k_end, BLOCK_K):
+    k_start = pid_s * k_per_split
+    k_end = tl.minimum(K, k_start + k_per_split)
+    sg_next = _load_scales(sg_ptrs, k_start, k_end, w_ok, group, stride_sk)
+    su_next = _load_scales(sg_ptrs + N * stride_sn, k_start, k_end, w_ok, group, stride_sk)
+    for k0 in range(k_start, k_end, BLOCK_K):
         # K is a multiple of 32 (MXFP4 groups), so each 32-value group is wholly in or out.
         a_mask = (k0 + col < k_end)[:, None] & row_ok[None, :]
         w_mask = w_ok[:, None] & (k0 + (byte // 16) * 32 < k_end)[None, :]
-        s_mask = w_ok[:, None] & (k0 + group * 32 < k_end)[None, :]
         wg = tl.load(wg_ptrs + k0 // 2, mask=w_mask, other=0)
         wu = tl.load(wg_ptrs + N * stride_wn + k0 // 2, mask=w_mask, other=0)
-        sg = tl.load(sg_ptrs + k0 // 32, mask=s_mask, other=0)
-        su = tl.load(sg_ptrs + N * stride_sn + k0 // 32, mask=s_mask, other=0)
+        sg = sg_next
+        su = su_next
+        sg_next = _load_scales(sg_ptrs, k0 + BLOCK_K, k_end, w_ok, group, stride_sk)
+        su_next = _load_scales(sg_ptrs + N * stride_sn, k0 + BLOCK_K, k_end, w_ok, group, stride_sk)
         a_lo = tl.load(a_ptrs + k0, mask=a_mask, other=0.0)
         a_hi = tl.load(a_ptrs + k0 + 16, mask=a_mask, other=0.0)
         acc_g = _mxfp4_dot(acc_g, wg, sg, a_lo, a_hi, BLOCK_W, BLOCK_K, FAST)
@@ -176,7 +189,7 @@ def _down_swapped_kernel(
     act_ptr, w_ptr, s_ptr, b_ptr, y_ptr, topk_w_ptr,  # act [P, K]; w [E, N, K/2]; y [S, T*k, N]
     sorted_ptr, block_expert_ptr, num_padded_ptr,
     num_slots, N, K, num_t_blocks, num_splits, k_per_split,
-    stride_am, stride_we, stride_wn, stride_se, stride_sn, stride_be, stride_ys, stride_ym,
+    stride_am, stride_we, stride_wn, stride_se, stride_sn, stride_sk, stride_be, stride_ys, stride_ym,
     BLOCK_T: tl.constexpr, BLOCK_W: tl.constexpr, BLOCK_K: tl.constexpr,
     UNSCALE: tl.constexpr, FAST: tl.constexpr,
 ):
@@ -194,15 +207,17 @@ def _down_swapped_kernel(
     col = (byte // 16) * 32 + byte % 16  # activation column of each low nibble
     a_ptrs = act_ptr + rows[None, :].to(tl.int64) * stride_am + col[:, None]  # rows in sorted order
     w_ptrs = w_ptr + expert * stride_we + wrows[:, None] * stride_wn + byte[None, :]
-    s_ptrs = s_ptr + expert * stride_se + wrows[:, None] * stride_sn + group[None, :]
+    s_ptrs = s_ptr + expert * stride_se + wrows[:, None] * stride_sn
     acc = tl.zeros([BLOCK_W, BLOCK_T], dtype=tl.float32)
-    k_end = tl.minimum(K, (pid_s + 1) * k_per_split)
-    for k0 in range(pid_s * k_per_split, k_end, BLOCK_K):
+    k_start = pid_s * k_per_split
+    k_end = tl.minimum(K, k_start + k_per_split)
+    s_next = _load_scales(s_ptrs, k_start, k_end, w_ok, group, stride_sk)
+    for k0 in range(k_start, k_end, BLOCK_K):
         a_mask = (k0 + col < k_end)[:, None] & row_ok[None, :]
         w_mask = w_ok[:, None] & (k0 + (byte // 16) * 32 < k_end)[None, :]
-        s_mask = w_ok[:, None] & (k0 + group * 32 < k_end)[None, :]
         w = tl.load(w_ptrs + k0 // 2, mask=w_mask, other=0)
-        s = tl.load(s_ptrs + k0 // 32, mask=s_mask, other=0)
+        s = s_next
+        s_next = _load_scales(s_ptrs, k0 + BLOCK_K, k_end, w_ok, group, stride_sk)
         a_lo = tl.load(a_ptrs + k0, mask=a_mask, other=0.0)
         a_hi = tl.load(a_ptrs + k0 + 16, mask=a_mask, other=0.0)
         acc = _mxfp4_dot(acc, w, s, a_lo, a_hi, BLOCK_W, BLOCK_K, FAST)
@@ -264,7 +279,7 @@ def fused_moe_swapped(
     _gate_up_swapped_kernel[(tb * splits1 * w_blocks1,)](
         x, w1, s1, b1, act, part, plan.sorted_slots, plan.block_expert, plan.num_padded,
         num_slots, inter, hidden, tb, splits1, per_split1, float(swiglu_limit),
-        x.stride(0), w1.stride(0), w1.stride(1), s1.stride(0), s1.stride(1), b1.stride(0), act.stride(0),
+        x.stride(0), w1.stride(0), w1.stride(1), s1.stride(0), s1.stride(1), s1.stride(2), b1.stride(0), act.stride(0),
         part.stride(0), part.stride(1),
         TOP_K=top_k, BLOCK_T=cfg.block_t, BLOCK_W=cfg.block_w1, BLOCK_K=cfg.block_k1, SPLIT=splits1 > 1,
         ALPHA=SWIGLU_ALPHA, UNSCALE=UNSCALE, FAST=fast,
@@ -283,7 +298,7 @@ def fused_moe_swapped(
     _down_swapped_kernel[(tb * splits2 * w_blocks2,)](
         act, w2, s2, b2, y, topk_w, plan.sorted_slots, plan.block_expert, plan.num_padded,
         num_slots, hidden, inter, tb, splits2, per_split2,
-        act.stride(0), w2.stride(0), w2.stride(1), s2.stride(0), s2.stride(1), b2.stride(0), y.stride(0),
+        act.stride(0), w2.stride(0), w2.stride(1), s2.stride(0), s2.stride(1), s2.stride(2), b2.stride(0), y.stride(0),
         y.stride(1), BLOCK_T=cfg.block_t, BLOCK_W=cfg.block_w2, BLOCK_K=cfg.block_k2,
         UNSCALE=UNSCALE, FAST=fast,
         num_warps=cfg.warps2, num_stages=cfg.stages2,

@@ -36,10 +36,10 @@ class PreparedExperts:
     """One layer's experts in the kernel's layout. Built once at load by prepare_mxfp4_experts."""
 
     w1: torch.Tensor  # [E, 2I, H/2] uint8: gate rows 0..I-1, up rows I..2I-1; nibbles re-paired
-    s1: torch.Tensor  # [E, 2I, H/32] uint8 E8M0 scales, same row order
+    s1: torch.Tensor  # [E, 2I, H/32] uint8 E8M0 scales, same row order; stored group-major
     b1: torch.Tensor  # [E, 2I] float32
     w2: torch.Tensor  # [E, H, I/2] uint8
-    s2: torch.Tensor  # [E, H, I/32] uint8
+    s2: torch.Tensor  # [E, H, I/32] uint8, stored group-major
     b2: torch.Tensor  # [E, H] float32
 
     @property
@@ -92,6 +92,16 @@ def _repair_nibbles(blocks: torch.Tensor) -> torch.Tensor:
     return (vals[..., :16] | (vals[..., 16:] << 4)).flatten(-2).contiguous()
 
 
+def _group_major(scales: torch.Tensor) -> torch.Tensor:
+    """[E, rows, G] scales stored with the rows fastest (strides E: G*rows, rows: 1, G: rows).
+
+    A program's [rows, 4 groups] scale tile is then four 16-byte-aligned runs of consecutive rows
+    instead of one 4-byte piece per row (rows are H/32 = 90 bytes apart, too short and too
+    misaligned for vector loads): fewer L2 sectors per step, and the swapped kernel's layout
+    keeps the dequantised weights in registers (NOTES-moe.md). Same logical shape and values."""
+    return scales.transpose(1, 2).contiguous().transpose(1, 2)
+
+
 def prepare_mxfp4_experts(experts: ExpertWeights) -> PreparedExperts:
     """Rearrange the checkpoint's MXFP4 tensors once (at load) into the kernel's layout."""
     assert experts.gate_up_blocks is not None and experts.gate_up_scales is not None
@@ -102,10 +112,10 @@ def prepare_mxfp4_experts(experts: ExpertWeights) -> PreparedExperts:
 
     return PreparedExperts(
         w1=_repair_nibbles(deinterleave(experts.gate_up_blocks)),
-        s1=deinterleave(experts.gate_up_scales),
+        s1=_group_major(deinterleave(experts.gate_up_scales)),
         b1=deinterleave(experts.gate_up_bias.float()),
         w2=_repair_nibbles(experts.down_blocks),
-        s2=experts.down_scales.contiguous(),
+        s2=_group_major(experts.down_scales),
         b2=experts.down_bias.float().contiguous(),
     )
 
@@ -198,7 +208,7 @@ def _gate_up_kernel(
     x_ptr, w_ptr, s_ptr, b_ptr, act_ptr,  # x [T, K]; w [E, 2N, K/2]; s [E, 2N, K/32]; b [E, 2N]; act [P, N]
     sorted_ptr, block_expert_ptr, num_padded_ptr,
     num_slots, N, K, num_m_blocks, limit,
-    stride_xm, stride_we, stride_wn, stride_se, stride_sn, stride_be, stride_am,
+    stride_xm, stride_we, stride_wn, stride_se, stride_sn, stride_sk, stride_be, stride_am,
     TOP_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     EVEN_K: tl.constexpr, ALPHA: tl.constexpr, UNSCALE: tl.constexpr, FAST: tl.constexpr,
 ):
@@ -218,7 +228,7 @@ def _gate_up_kernel(
     kcol = (byte // 16) * 32 + byte % 16  # activation column of each low nibble
     a_ptrs = x_ptr + token[:, None] * stride_xm + kcol[None, :]  # [BM, BK/2]
     wg_ptrs = w_ptr + expert * stride_we + cols[:, None] * stride_wn + byte[None, :]  # [BN, BK/2]
-    sg_ptrs = s_ptr + expert * stride_se + cols[:, None] * stride_sn + (byte // 16)[None, :]
+    sg_ptrs = s_ptr + expert * stride_se + cols[:, None] * stride_sn + (byte // 16)[None, :] * stride_sk
     acc_g = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     acc_u = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
@@ -232,8 +242,8 @@ def _gate_up_kernel(
         a_hi = tl.load(a_ptrs + k0 + 16, mask=a_mask, other=0.0)
         wg = tl.load(wg_ptrs + k0 // 2, mask=w_mask, other=0)
         wu = tl.load(wg_ptrs + N * stride_wn + k0 // 2, mask=w_mask, other=0)
-        sg = tl.load(sg_ptrs + k0 // 32, mask=w_mask, other=0)
-        su = tl.load(sg_ptrs + N * stride_sn + k0 // 32, mask=w_mask, other=0)
+        sg = tl.load(sg_ptrs + (k0 // 32) * stride_sk, mask=w_mask, other=0)
+        su = tl.load(sg_ptrs + N * stride_sn + (k0 // 32) * stride_sk, mask=w_mask, other=0)
         g_lo, g_hi = _dequant(wg, sg, a_lo.dtype, FAST)
         u_lo, u_hi = _dequant(wu, su, a_lo.dtype, FAST)
         acc_g = tl.dot(a_lo, tl.trans(g_lo), acc_g)
@@ -254,7 +264,7 @@ def _down_kernel(
     act_ptr, w_ptr, s_ptr, b_ptr, y_ptr, topk_w_ptr,  # act [P, K]; w [E, N, K/2]; y [T*k, N]
     sorted_ptr, block_expert_ptr, num_padded_ptr,
     num_slots, N, K, num_m_blocks,
-    stride_am, stride_we, stride_wn, stride_se, stride_sn, stride_be, stride_ym,
+    stride_am, stride_we, stride_wn, stride_se, stride_sn, stride_sk, stride_be, stride_ym,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
     UNSCALE: tl.constexpr, FAST: tl.constexpr,
 ):
@@ -273,7 +283,7 @@ def _down_kernel(
     kcol = (byte // 16) * 32 + byte % 16
     a_ptrs = act_ptr + rows[:, None].to(tl.int64) * stride_am + kcol[None, :]  # rows in sorted order
     w_ptrs = w_ptr + expert * stride_we + cols[:, None] * stride_wn + byte[None, :]
-    s_ptrs = s_ptr + expert * stride_se + cols[:, None] * stride_sn + (byte // 16)[None, :]
+    s_ptrs = s_ptr + expert * stride_se + cols[:, None] * stride_sn + (byte // 16)[None, :] * stride_sk
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
         if EVEN_K:
@@ -284,7 +294,7 @@ def _down_kernel(
         a_hi = tl.load(a_ptrs + k0 + 16, mask=k_ok[None, :], other=0.0)
         w_mask = col_ok[:, None] & k_ok[None, :]
         w = tl.load(w_ptrs + k0 // 2, mask=w_mask, other=0)
-        s = tl.load(s_ptrs + k0 // 32, mask=w_mask, other=0)
+        s = tl.load(s_ptrs + (k0 // 32) * stride_sk, mask=w_mask, other=0)
         w_lo, w_hi = _dequant(w, s, a_lo.dtype, FAST)
         acc = tl.dot(a_lo, tl.trans(w_lo), acc)
         acc = tl.dot(a_hi, tl.trans(w_hi), acc)
@@ -322,7 +332,7 @@ def fused_moe_triton(
     _gate_up_kernel[(mb * triton.cdiv(inter, cfg.block_n1),)](
         x, w1, s1, b1, act, plan.sorted_slots, plan.block_expert, plan.num_padded,
         num_tokens * top_k, inter, hidden, mb, float(swiglu_limit),
-        x.stride(0), w1.stride(0), w1.stride(1), s1.stride(0), s1.stride(1), b1.stride(0), act.stride(0),
+        x.stride(0), w1.stride(0), w1.stride(1), s1.stride(0), s1.stride(1), s1.stride(2), b1.stride(0), act.stride(0),
         TOP_K=top_k, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n1, BLOCK_K=cfg.block_k1,
         EVEN_K=hidden % cfg.block_k1 == 0, ALPHA=SWIGLU_ALPHA, UNSCALE=UNSCALE, FAST=fast,
         num_warps=cfg.warps1, num_stages=cfg.stages1,
@@ -330,7 +340,7 @@ def fused_moe_triton(
     _down_kernel[(mb * triton.cdiv(hidden, cfg.block_n2),)](
         act, w2, s2, b2, y, topk_w, plan.sorted_slots, plan.block_expert, plan.num_padded,
         num_tokens * top_k, hidden, inter, mb,
-        act.stride(0), w2.stride(0), w2.stride(1), s2.stride(0), s2.stride(1), b2.stride(0), y.stride(0),
+        act.stride(0), w2.stride(0), w2.stride(1), s2.stride(0), s2.stride(1), s2.stride(2), b2.stride(0), y.stride(0),
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n2, BLOCK_K=cfg.block_k2,
         EVEN_K=inter % cfg.block_k2 == 0, UNSCALE=UNSCALE, FAST=fast,
         num_warps=cfg.warps2, num_stages=cfg.stages2,

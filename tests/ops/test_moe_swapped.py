@@ -4,6 +4,8 @@ split-K path (partial sums, the SwiGLU reduction kernel, a last split shorter th
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 
@@ -55,3 +57,19 @@ def test_split_k_counts() -> None:
     assert split_k(num_programs=1, k=2880, block_k=128, min_programs=10**6) == (23, 128)  # one step each
     splits, per_split = split_k(num_programs=100, k=2880, block_k=128, min_programs=700)  # 7 asked
     assert per_split % 128 == 0 and (splits - 1) * per_split < 2880 <= splits * per_split
+
+
+def test_scales_group_major_and_row_major_agree() -> None:
+    """prepare_mxfp4_experts stores the scales group-major (rows fastest); the kernels read them
+    through strides, so the row-major copy of the same scales gives the same output."""
+    experts = random_experts(8, 160, 96)
+    prepared = prepare_mxfp4_experts(experts)
+    assert prepared.s1.stride(1) == 1 and prepared.s1.stride(2) == prepared.s1.shape[1]
+    assert prepared.s2.stride(1) == 1 and prepared.s2.stride(2) == prepared.s2.shape[1]
+    row_major = replace(prepared, s1=prepared.s1.contiguous(), s2=prepared.s2.contiguous())
+    assert torch.equal(row_major.s1, prepared.s1) and row_major.s1.stride(2) == 1
+    x = torch.randn(7, 160)
+    weights, ids = random_routing(7, 8, 4, "uniform")
+    for min_programs in (NO_SPLIT, MAX_SPLIT):
+        out = fused_moe_swapped(x, weights, ids, prepared, LIMIT, SMALL, min_programs)
+        assert torch.equal(out, fused_moe_swapped(x, weights, ids, row_major, LIMIT, SMALL, min_programs))
