@@ -106,7 +106,7 @@ def set_variant(variant: str, baseline_path: str | None) -> None:
     from benchmarks.bench_moe_decode import load_baseline
 
     fused_router.FUSED_MAX_TOKENS = 0 if variant == "cublas-router" else 128
-    moe_swapped.MAX_TOKENS = 0 if variant == "token-tiled-moe" else max(moe_swapped.CONFIGS)
+    moe_swapped.MAX_TOKENS = 0 if variant == "token-tiled-moe" else 4096
     current = CURRENT.setdefault("kernel", (moe_swapped.fused_moe_swapped, moe_triton._group_major))
     if variant == "baseline-moe-kernel":
         baseline = load_baseline(baseline_path)

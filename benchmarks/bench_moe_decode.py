@@ -38,16 +38,16 @@ SHAPES = [(16, 64, 128, 4, 4), (16, 64, 256, 4, 3), (16, 64, 64, 4, 4), (16, 128
           (128, 64, 128, 4, 3), (128, 128, 64, 8, 3)]
 
 
-def candidates(t: int, sms: int) -> list[tuple[SwappedConfig, int]]:
+def candidates(t: int, num_experts: int, sms: int) -> list[tuple[SwappedConfig, int]]:
     """(config, min_programs) pairs to time at T tokens: the default config with K split to fill
     1 (no split), 2, 4 or 8 programs per SM, and other tile shapes (token tiles up to twice the
     slots an expert gets)."""
-    base = pick_swapped(t)
+    base = pick_swapped(t, num_experts, TOP_K)
     out = [(base, m * sms) for m in (0, 2, 4, 8)]
     out += [(SwappedConfig(bt, bw, bk, w, st, bw, bk, w, st, True), PROGRAMS_PER_SM * sms)
             for bt, bw, bk, w, st in SHAPES]
     return [(cfg, max(m, 1)) for cfg, m in out
-            if cfg.block_t <= 2 * max(16, triton_next_pow2(t * TOP_K // 32))]
+            if cfg.block_t <= 2 * max(16, triton_next_pow2(t * TOP_K // num_experts))]
 
 
 def row_major_scales(p: PreparedExperts) -> PreparedExperts:
@@ -128,7 +128,7 @@ def main() -> None:
             base = graph_time_us([partial(fused_moe_triton, x, w, ids, p, LIMIT) for p in prepared])
             results.append(dict(model=model, T=t, kernel="token-tiled", cfg=str(pick_config(t)), us=base, hit=hit))
             print(f"time {model} T={t} token-tiled {base:.1f} us", flush=True)
-            default_pair = (pick_swapped(t), PROGRAMS_PER_SM * sms)
+            default_pair = (pick_swapped(t, num_experts, TOP_K), PROGRAMS_PER_SM * sms)
             if baseline is not None:  # same run: the older kernel, and the current one on row-major scales
                 rows = [row_major_scales(p) for p in prepared]
                 for label, fn in (("baseline", baseline.fused_moe_swapped), ("row-major", fused_moe_swapped)):
@@ -137,7 +137,7 @@ def main() -> None:
                     print(f"time {model} T={t} {label}: {us:.1f} us", flush=True)
                 rows = []
             sweep = model == "20b" and not args.no_sweep
-            for cfg, min_programs in candidates(t, sms) if sweep else [default_pair]:
+            for cfg, min_programs in candidates(t, num_experts, sms) if sweep else [default_pair]:
                 us = graph_time_us([partial(fused_moe_swapped, x, w, ids, p, LIMIT, cfg, min_programs)
                                     for p in prepared])
                 default = (cfg, min_programs) == default_pair

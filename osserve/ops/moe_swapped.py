@@ -45,22 +45,22 @@ class SwappedConfig:
     fast_dequant: bool = False  # moe_triton.py's inline-PTX dequantiser
 
 
-# Keyed by the largest token count of the bucket; above the last, fused_moe (moe.py) takes the
-# dense path or moe_triton.py's token-tiled kernel. The token tile follows the slots an expert
-# gets (T * 4 / E): 16 covers decode up to 64 tokens on the 20b. Chosen on an H100 with
-# benchmarks/bench_moe_decode.py (NOTES-moe.md).
+# Keyed by the most token slots an expert gets on average (T * top_k / E): the token tile follows
+# them, so that a tile is about one expert's share (the 20b at T=256 has 32 slots per expert, the
+# 120b 8). Chosen on an H100 with benchmarks/bench_moe_decode.py (NOTES-moe.md).
 CONFIGS: dict[int, SwappedConfig] = {
-    64: SwappedConfig(16, 64, 128, 4, 3, 64, 128, 4, 3, True),
-    256: SwappedConfig(32, 64, 128, 4, 3, 64, 128, 4, 3, True),
-    4096: SwappedConfig(64, 64, 128, 4, 3, 64, 128, 4, 3, True),
+    8: SwappedConfig(16, 64, 128, 4, 3, 64, 128, 4, 3, True),
+    16: SwappedConfig(32, 64, 128, 4, 3, 64, 128, 4, 3, True),
+    1 << 30: SwappedConfig(64, 64, 128, 4, 3, 64, 128, 4, 3, True),
 }
-MAX_TOKENS = max(CONFIGS)
+MAX_TOKENS = 4096  # above, fused_moe (moe.py) takes the dense path or moe_triton.py's token-tiled kernel
 PROGRAMS_PER_SM = 2  # split K below this many programs per GEMM (split_k); 2 was best at batch 1
 SWIGLU_BLOCK_N = 256
 
 
-def pick_config(num_tokens: int) -> SwappedConfig:
-    return CONFIGS[min(bound for bound in CONFIGS if num_tokens <= bound)]
+def pick_config(num_tokens: int, num_experts: int, top_k: int) -> SwappedConfig:
+    slots_per_expert = num_tokens * top_k / num_experts
+    return CONFIGS[min(bound for bound in CONFIGS if slots_per_expert <= bound)]
 
 
 @triton.jit
@@ -257,7 +257,7 @@ def fused_moe_swapped(
     top_k = topk_ids.shape[1]
     num_slots = num_tokens * top_k
     inter = prepared.intermediate
-    cfg = config or pick_config(num_tokens)
+    cfg = config or pick_config(num_tokens, prepared.num_experts, top_k)
     if min_programs is None:
         min_programs = PROGRAMS_PER_SM * torch.cuda.get_device_properties(x.device).multi_processor_count \
             if x.is_cuda else 1
@@ -308,11 +308,12 @@ def fused_moe_swapped(
 
 
 def compile_kernels(prepared: PreparedExperts, top_k: int, swiglu_limit: float, dtype: torch.dtype) -> None:
-    """Run each token-count bucket once (batch 1 with split K, then each config's largest batch),
-    so that no serving step waits seconds for Triton to compile a configuration it meets first."""
+    """Run each configuration once (batch 1 with split K, then each config's largest batch up to
+    MAX_TOKENS), so that no serving step waits seconds for Triton to compile one it meets first."""
     device = prepared.w1.device
     rng = torch.Generator(device).manual_seed(0)  # leaves the global generator's stream alone
-    for num_tokens in (1, *CONFIGS):
+    largest = [min(MAX_TOKENS, bound * prepared.num_experts // top_k) for bound in CONFIGS]
+    for num_tokens in sorted({1, *largest}):
         x = torch.randn(num_tokens, prepared.hidden, device=device, dtype=dtype, generator=rng)
         ids = torch.randint(0, prepared.num_experts, (num_tokens, top_k), device=device, generator=rng)
         weights = torch.full((num_tokens, top_k), 1.0 / top_k, device=device, dtype=dtype)
