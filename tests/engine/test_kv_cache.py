@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import numpy as np
+
+from osserve.engine.cuda_graphs import block_table_array
 from osserve.engine.kv_cache import HOLE, KVCacheManager, sliding_window_savings
 from osserve.engine.request import Request
 from osserve.engine.sampling_params import SamplingParams
@@ -101,3 +104,10 @@ def test_whole_prompt_is_never_a_hit() -> None:
 def test_fits_at_all() -> None:
     kv = KVCacheManager(BS, {"sliding": 20, "full": 10}, GROUPS)
     assert kv.fits_at_all(160, chunk=16) and not kv.fits_at_all(161, chunk=16)
+
+
+def test_block_table_array_left_aligned_with_padding_rows() -> None:
+    """The runner's [rows, longest table] array: tables left-aligned, holes and padding kept -1."""
+    rows = block_table_array([[1, 2, 3], [4], [], [HOLE, HOLE, 7, 8]], 6)
+    assert rows.dtype == np.int32 and rows.shape == (6, 4)
+    assert rows.tolist() == [[1, 2, 3, -1], [4, -1, -1, -1], [-1] * 4, [-1, -1, 7, 8], [-1] * 4, [-1] * 4]
