@@ -114,7 +114,7 @@ def main() -> None:
             ref = moe_reference(x.float(), w, ids, originals[0], LIMIT)
             errs = [rel_err(fused_moe_triton(x, w.bfloat16(), ids, prepared[0], LIMIT), ref)]
             errs += [rel_err(fused_moe_swapped(x, w.bfloat16(), ids, prepared[0], LIMIT, min_programs=m), ref)
-                     for m in (1, 4 * sms, 10**6)]
+                     for m in (1, PROGRAMS_PER_SM * sms, 10**6)]
             errs.append(rel_err(fused_moe_swapped(x, w.bfloat16(), ids, row_major_scales(prepared[0]), LIMIT), ref))
             print(f"check {model} T={t} {mode}: token-tiled / swapped (no split, default, max split, "
                   "row-major scales) err "
