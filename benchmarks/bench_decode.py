@@ -22,6 +22,7 @@ import torch
 from osserve.bench.latency import LatencyResult, run_once
 from osserve.config import preset
 from osserve.engine.load import EngineArgs, build_engine
+from osserve.model.gpt_oss import GptOssForCausalLM
 
 
 def bytes_per_decode_token(name: str, context: int) -> float:
@@ -55,6 +56,7 @@ def profile_decode_step(engine) -> dict[str, float]:  # type: ignore[no-untyped-
         kind = ("attention" if "attn" in name or "attention" in name or "decode" in name or "merge" in name
                 else "moe" if "gate_up" in name or "_down_" in name or "align" in name
                 else "gemm" if "gemm" in name or "matmul" in name or "cublas" in name or "sm90" in name
+                or "linear" in name
                 else "norm/elementwise" if "elementwise" in name or "reduce" in name or "vectorized" in name
                 else "kv write" if "write_kv" in name
                 else "other")
@@ -93,13 +95,15 @@ def moe_bandwidth(name: str) -> dict[str, float]:
 
 
 AB_VARIANTS = {"router": ("cublas-router", "fused-router"), "moe": ("token-tiled-moe", "swapped-moe"),
-               "async": ("sync-steps", "async-steps"), "kernel": ("baseline-moe-kernel", "current-moe-kernel")}
+               "async": ("sync-steps", "async-steps"), "kernel": ("baseline-moe-kernel", "current-moe-kernel"),
+               "linear": ("cublas-qkv-apart", "fused-qkv-small-m")}
 
 
 def set_variant(variant: str, baseline_path: str | None) -> None:
     """The A/B switches, for this script only: module-level names the dispatchers read per call.
     baseline-moe-kernel runs an older moe_swapped.py (bench_moe_decode.load_baseline) on
     row-major scales in place of the current swapped kernel."""
+    import osserve.ops.linear_triton as linear_triton
     import osserve.ops.moe_swapped as moe_swapped
     import osserve.ops.moe_triton as moe_triton
     import osserve.ops.router_gemm_triton as fused_router
@@ -107,6 +111,9 @@ def set_variant(variant: str, baseline_path: str | None) -> None:
 
     fused_router.FUSED_MAX_TOKENS = 0 if variant == "cublas-router" else 128
     moe_swapped.MAX_TOKENS = 0 if variant == "token-tiled-moe" else 4096
+    linear_triton.MAX_TOKENS = 0 if variant == "cublas-qkv-apart" else 32
+    fuse = CURRENT.setdefault("fuse", (GptOssForCausalLM.fuse_qkv,))[0]
+    GptOssForCausalLM.fuse_qkv = (lambda self: None) if variant == "cublas-qkv-apart" else fuse  # type: ignore[method-assign]
     current = CURRENT.setdefault("kernel", (moe_swapped.fused_moe_swapped, moe_triton._group_major))
     if variant == "baseline-moe-kernel":
         baseline = load_baseline(baseline_path)
@@ -128,7 +135,8 @@ def main() -> None:
     ap.add_argument("--gpu-memory-utilization", type=float, default=0.90)
     ap.add_argument("--skip", default="", help="comma list of: b32,prefill,profile,moe")
     ap.add_argument("--ab", choices=sorted(AB_VARIANTS), default=None,
-                    help="each preset twice, old path then new: router (cuBLAS + top-k kernel vs the fused "
+                    help="each preset twice, old path then new: linear (cuBLAS with q, k, v apart vs q/k/v "
+                         "fused and the small-M Triton linear), router (cuBLAS + top-k kernel vs the fused "
                          "small-batch kernel), moe (token-tiled kernel at decode vs the swapped one) or async "
                          "(each step finished before the next is scheduled vs async scheduling) or kernel "
                          "(an older moe_swapped.py, --baseline, vs the current one)")

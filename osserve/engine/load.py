@@ -104,6 +104,7 @@ def build_engine(args: EngineArgs) -> LLMEngine:
         model = build_model(cfg, device, dtype)
         load_weights(model, model_dir, show_progress=device.type == "cuda")
     weights_bytes = sum(t.numel() * t.element_size() for t in model.state_dict().values())
+    model.fuse_qkv()
     if device.type == "cuda":
         # Keep the checkpoint-layout experts beside the kernel's layout (for the dense prefill
         # path) only when both fit comfortably: the 20b yes, the 120b on one 80 GB GPU no.

@@ -18,6 +18,7 @@ from torch import nn
 
 from osserve.config import ModelConfig
 from osserve.ops.attention import AttentionMetadata, paged_attention
+from osserve.ops.linear import linear
 from osserve.ops.moe import ExpertWeights, fused_moe
 
 if TYPE_CHECKING:
@@ -52,6 +53,12 @@ class Attention(nn.Module):
         self.v_proj = nn.Linear(cfg.hidden_size, cfg.kv_size, bias=True)
         self.o_proj = nn.Linear(cfg.q_size, cfg.hidden_size, bias=True)
         self.sinks = nn.Parameter(torch.empty(cfg.num_attention_heads))
+        self.qkv_sizes = [cfg.q_size, cfg.kv_size, cfg.kv_size]
+        # q, k and v as one weight (fuse_qkv, at load); None until then.
+        self.qkv_weight: torch.Tensor | None
+        self.qkv_bias: torch.Tensor | None
+        self.register_buffer("qkv_weight", None, persistent=False)
+        self.register_buffer("qkv_bias", None, persistent=False)
         self.window = cfg.window_of(layer_idx)
         self.group = SLIDING_GROUP if self.window is not None else FULL_GROUP
         self.scale = cfg.head_dim**-0.5
@@ -65,16 +72,33 @@ class Attention(nn.Module):
         kv_cache: KVCache,
     ) -> torch.Tensor:
         t = x.shape[0]
-        q = self.q_proj(x).view(t, self.num_heads, self.head_dim)
-        k = self.k_proj(x).view(t, self.num_kv_heads, self.head_dim)
-        v = self.v_proj(x).view(t, self.num_kv_heads, self.head_dim)
+        if self.qkv_weight is not None:
+            q, k, v = linear(x, self.qkv_weight, self.qkv_bias).split(self.qkv_sizes, dim=-1)
+        else:
+            q, k, v = (linear(x, p.weight, p.bias) for p in (self.q_proj, self.k_proj, self.v_proj))
+        q = q.view(t, self.num_heads, self.head_dim)  # views of the fused output: rope takes strides
+        k = k.view(t, self.num_kv_heads, self.head_dim)
+        v = v.view(t, self.num_kv_heads, self.head_dim)
         tables = meta.groups[self.group]
         k_cache, v_cache = kv_cache
         q, _ = rope_and_cache_table(q, k, v, positions, rope, k_cache, v_cache, tables.slot_mapping)
         out = paged_attention(
             q, k_cache, v_cache, self.sinks, meta, tables, self.scale, self.window
         )
-        return self.o_proj(out.reshape(t, self.num_heads * self.head_dim))
+        return linear(out.reshape(t, self.num_heads * self.head_dim), self.o_proj.weight, self.o_proj.bias)
+
+    def fuse_qkv(self) -> None:
+        """One [q + 2·kv, hidden] weight for the three projections: one GEMM instead of three. At
+        decode each was a launch-bound GEMV (H100, bench_linear.py: cuBLAS 26.4 µs per layer for
+        the three at batch 1, 13.7 fused). q_proj, k_proj and v_proj keep their names and now hold
+        views of the fused tensors, so state_dict and the memory used are unchanged."""
+        projections = (self.q_proj, self.k_proj, self.v_proj)
+        with torch.no_grad():
+            weight = torch.cat([p.weight for p in projections])
+            bias = torch.cat([p.bias for p in projections])
+        for p, w, b in zip(projections, weight.split(self.qkv_sizes), bias.split(self.qkv_sizes), strict=True):
+            p.weight.data, p.bias.data = w, b
+        self.qkv_weight, self.qkv_bias = weight, bias
 
 
 class Experts(nn.Module):
@@ -209,7 +233,13 @@ class GptOssForCausalLM(nn.Module):
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden [N, hidden] -> logits [N, vocab] in float32."""
-        return self.lm_head(hidden).float()
+        return linear(hidden, self.lm_head.weight).float()
+
+    def fuse_qkv(self) -> None:
+        """Every layer's q/k/v projections as one GEMM (Attention.fuse_qkv)."""
+        for layer in self.model.layers:
+            attn: Attention = layer.self_attn  # type: ignore[assignment]
+            attn.fuse_qkv()
 
     def prepare_experts(self, keep_original: bool) -> list[PreparedExperts]:
         """Give every layer's experts the fused kernel's layout (once, at load, on the GPU); returns

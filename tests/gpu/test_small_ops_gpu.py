@@ -136,3 +136,22 @@ def test_fused_router_gpu(t: int, e: int, split: int | None) -> None:
     if split is None:  # `route` takes this path, with this split, for T <= 128 on CUDA
         routed_w, routed_ids = route(x, w, b, 4, counters)
         assert torch.equal(routed_ids, ids) and torch.equal(routed_w, weights)
+
+
+@pytest.mark.parametrize("t", [1, 2, 17, 32])
+@pytest.mark.parametrize(("n", "k"), [(HEADS * HEAD_DIM + 2 * KV_HEADS * HEAD_DIM, HIDDEN),
+                                      (HIDDEN, HEADS * HEAD_DIM), (201088, HIDDEN)])
+def test_small_m_linear_matches_f_linear(t: int, n: int, k: int) -> None:
+    """The decode projections (fused qkv, o, lm_head) in bf16 against F.linear in float32."""
+    from osserve.ops.linear import linear
+    from osserve.ops.linear_triton import small_m_linear_triton
+
+    g = torch.Generator(device="cuda").manual_seed(t + n)
+    x = torch.randn(t, k, device="cuda", generator=g).bfloat16()
+    w = (torch.randn(n, k, device="cuda", generator=g) / k**0.5).bfloat16()
+    b = torch.randn(n, device="cuda", generator=g).bfloat16()
+    ref = torch.nn.functional.linear(x.float(), w.float(), b.float())
+    out = small_m_linear_triton(x, w, b)
+    assert out.dtype == torch.bfloat16
+    assert ((out.float() - ref).norm() / ref.norm()).item() < 1e-2
+    assert torch.equal(linear(x, w, b), out)  # the dispatcher takes the kernel at decode sizes

@@ -63,6 +63,20 @@ def test_prefill_logits_match_transformers(model, prompts, hf_logits) -> None:  
     assert (ours - hf_logits).abs().max().item() <= 1e-4
 
 
+def test_fused_qkv_matches_transformers(tiny_checkpoint: Path, prompts, hf_logits) -> None:  # type: ignore[no-untyped-def]
+    """The engine's layout (q, k and v as one GEMM, fuse_qkv at load) computes the same logits,
+    and the checkpoint-named tensors still hold the checkpoint's values (as views of the fused)."""
+    model = load_model(tiny_checkpoint, "cpu", torch.float32, show_progress=False)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    model.fuse_qkv()
+    after = model.state_dict()
+    assert after.keys() == before.keys() and all(torch.equal(after[k], before[k]) for k in before)
+    attn = model.model.layers[0].self_attn
+    assert attn.qkv_weight is not None and attn.q_proj.weight.data_ptr() == attn.qkv_weight.data_ptr()
+    ours = osserve_logits(model, prompts)
+    assert (ours - hf_logits).abs().max().item() <= 1e-4
+
+
 def test_greedy_decode_32_tokens_matches_transformers(model, hf_model, prompts) -> None:  # type: ignore[no-untyped-def]
     """Step by step through the KV cache, all prompts in one batch, against HF's generate."""
     steps = 32

@@ -1,0 +1,106 @@
+"""Small-batch linear layer: out[M, N] = x[M, K] · W[N, K]ᵀ + b, for M <= MAX_TOKENS (decode).
+
+At decode a projection reads its whole weight for a handful of rows, so it is a matrix-vector
+product bound by memory bandwidth. cuBLAS reached ~1.2 TB/s on gpt-oss's attention projections at
+batch 1 (H100, profiler: 44 µs per layer for 53 MB); what it lacks is enough bytes in flight
+across the SMs for a 5120 × 2880 weight. Here each program owns BLOCK_N weight rows and the whole
+K, so a [5120, 2880] weight is 320 programs streaming 16-byte rows through a pipelined loop.
+
+The product is computed "swapped": acc[BLOCK_N, BLOCK_M] = W_tile · x_tileᵀ, the weight rows as
+the MMA's M dimension (16 of them fill one mma.sync), the few tokens as its N (masked past M).
+So the tensor cores do not compute 16 token rows per real one in the way that matters: no
+weight tile is ever loaded twice, and the x tile is a few KB in L1.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+# Above this cuBLAS's tiled GEMMs win (H100, benchmarks/bench_linear.py: at 64 rows the x tile
+# crowds the pipeline's shared memory and the kernel fell to 1.2 TB/s).
+MAX_TOKENS = 32
+
+
+@dataclass(frozen=True)
+class LinearConfig:
+    block_n: int
+    block_k: int
+    num_warps: int
+    num_stages: int
+
+
+# The best all-round config of the H100 sweep (bench_linear.py --sweep, 2026-11-23): within 0.6 µs
+# of each shape's best at 1 and 32 rows for the fused qkv [5120, 2880] and o [2880, 4096] weights.
+DEFAULT_CONFIG = LinearConfig(block_n=64, block_k=128, num_warps=4, num_stages=5)
+SHARED_MEMORY_BUDGET = 200_000  # bytes of pipelined tiles; an H100 SM has 227 KB
+
+
+def stages_that_fit(config: LinearConfig, block_m: int, itemsize: int) -> int:
+    """config.num_stages, fewer where the W and x tiles of that many stages overflow shared memory."""
+    per_stage = (config.block_n + block_m) * config.block_k * itemsize
+    return max(1, min(config.num_stages, SHARED_MEMORY_BUDGET // per_stage))
+
+
+@triton.jit
+def _small_m_linear_kernel(
+    x_ptr, w_ptr, b_ptr, out_ptr, M, N, K, stride_xm, stride_wn, stride_om,
+    HAS_BIAS: tl.constexpr, EVEN_K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr,
+    BLOCK_K: tl.constexpr, NUM_STAGES: tl.constexpr, DOT_PRECISION: tl.constexpr,
+):  # noqa: ANN001
+    pid = tl.program_id(0)
+    rn = pid * BLOCK_N + tl.arange(0, BLOCK_N)
+    rm = tl.arange(0, BLOCK_M)
+    n_ok = rn < N
+    m_ok = rm < M
+    w_rows = w_ptr + rn.to(tl.int64)[:, None] * stride_wn
+    x_cols = x_ptr + rm[None, :] * stride_xm
+    acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
+    for k in tl.range(0, K, BLOCK_K, num_stages=NUM_STAGES):
+        rk = k + tl.arange(0, BLOCK_K)
+        if EVEN_K:
+            w = tl.load(w_rows + rk[None, :], mask=n_ok[:, None], other=0.0)
+            x = tl.load(x_cols + rk[:, None], mask=m_ok[None, :], other=0.0)
+        else:
+            k_ok = rk < K
+            w = tl.load(w_rows + rk[None, :], mask=n_ok[:, None] & k_ok[None, :], other=0.0)
+            x = tl.load(x_cols + rk[:, None], mask=m_ok[None, :] & k_ok[:, None], other=0.0)
+        acc = tl.dot(w, x, acc, input_precision=DOT_PRECISION)
+    if HAS_BIAS:
+        acc += tl.load(b_ptr + rn, mask=n_ok, other=0.0).to(tl.float32)[:, None]
+    out = out_ptr + rm[None, :] * stride_om + rn[:, None]
+    tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=n_ok[:, None] & m_ok[None, :])
+
+
+def fits_small_m_linear(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    return (x.dim() == 2 and 0 < x.shape[0] <= MAX_TOKENS and x.stride(1) == 1 and weight.stride(1) == 1
+            and x.dtype == weight.dtype)
+
+
+def small_m_linear_triton(
+    x: torch.Tensor,  # [M, K], M <= MAX_TOKENS, last dim contiguous
+    weight: torch.Tensor,  # [N, K], last dim contiguous (nn.Linear's layout)
+    bias: torch.Tensor | None,  # [N]
+    config: LinearConfig = DEFAULT_CONFIG,
+) -> torch.Tensor:
+    """F.linear(x, weight, bias) in x's dtype, accumulated in fp32."""
+    assert fits_small_m_linear(x, weight), (x.shape, x.stride(), weight.stride(), x.dtype, weight.dtype)
+    m, k = x.shape
+    n = weight.shape[0]
+    assert weight.shape[1] == k and (bias is None or bias.shape == (n,))
+    out = torch.empty(m, n, dtype=x.dtype, device=x.device)
+    block_m = max(16, triton.next_power_of_2(m))
+    _small_m_linear_kernel[(triton.cdiv(n, config.block_n),)](
+        x, weight, bias if bias is not None else weight, out, m, n, k,
+        x.stride(0), weight.stride(0), out.stride(0),
+        HAS_BIAS=bias is not None, EVEN_K=k % config.block_k == 0, BLOCK_N=config.block_n,
+        BLOCK_M=block_m, BLOCK_K=config.block_k,
+        NUM_STAGES=stages_that_fit(config, block_m, x.element_size()),
+        # fp32 (CPU tests): no silent TF32; bf16 ignores the setting.
+        DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
+        num_warps=config.num_warps,
+    )
+    return out

@@ -1,0 +1,54 @@
+"""The small-M linear kernel against F.linear (TRITON_INTERPRET=1, CPU, float32): ragged N and K,
+1 to 32 rows, with and without bias, every block shape the configs use, a row-strided x."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from osserve.ops.linear_triton import (
+    DEFAULT_CONFIG,
+    MAX_TOKENS,
+    LinearConfig,
+    fits_small_m_linear,
+    small_m_linear_triton,
+    stages_that_fit,
+)
+
+CONFIGS = [LinearConfig(16, 32, 4, 2), LinearConfig(64, 64, 4, 3), DEFAULT_CONFIG]
+
+
+@pytest.mark.parametrize("m", [1, 3, 16, 17, MAX_TOKENS])
+@pytest.mark.parametrize(("n", "k"), [(40, 128), (33, 100), (130, 96)])
+@pytest.mark.parametrize("config", CONFIGS)
+def test_small_m_linear_matches_f_linear(m: int, n: int, k: int, config: LinearConfig) -> None:
+    g = torch.Generator().manual_seed(m * 1000 + n + k)
+    x, w, b = torch.randn(m, k, generator=g), torch.randn(n, k, generator=g), torch.randn(n, generator=g)
+    for bias in (b, None):
+        out = small_m_linear_triton(x, w, bias, config)
+        assert out.shape == (m, n) and out.dtype == x.dtype
+        assert (out - F.linear(x, w, bias)).abs().max().item() < 1e-4
+
+
+def test_small_m_linear_row_strided_x() -> None:
+    g = torch.Generator().manual_seed(5)
+    wide, w = torch.randn(3, 300, generator=g), torch.randn(24, 96, generator=g)
+    x = wide[:, 10:106]
+    assert fits_small_m_linear(x, w)
+    out = small_m_linear_triton(x, w, None, LinearConfig(16, 32, 4, 2))
+    assert (out - F.linear(x, w)).abs().max().item() < 1e-4
+
+
+def test_what_the_kernel_takes() -> None:
+    w = torch.zeros(8, 64)
+    assert not fits_small_m_linear(torch.zeros(MAX_TOKENS + 1, 64), w)  # prefill sizes: cuBLAS
+    assert not fits_small_m_linear(torch.zeros(4, 64).t(), torch.zeros(8, 4))  # K not contiguous
+    assert not fits_small_m_linear(torch.zeros(4, 64, dtype=torch.bfloat16), w)  # dtypes differ
+    assert fits_small_m_linear(torch.zeros(MAX_TOKENS, 64), w)
+
+
+def test_stages_shrink_to_fit_shared_memory() -> None:
+    big = LinearConfig(64, 512, 4, 5)
+    assert stages_that_fit(big, 16, 2) == 2  # (64 + 16) * 512 * 2 bytes = 80 KB a stage
+    assert stages_that_fit(DEFAULT_CONFIG, 16, 2) == DEFAULT_CONFIG.num_stages
