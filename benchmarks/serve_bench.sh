@@ -16,6 +16,8 @@ for _ in $(seq 1 300); do
     sleep 1
 done
 grep -i "memory plan" "$OUT/server-$PRESET${TAG:-}.log" | tail -1
+# CPU per process while the load runs (is the HTTP process, the engine or the load generator saturated?)
+(sleep 20; top -b -d 5 -n 3 -w 200 | grep -E "python|PID" > "$OUT/top-$PRESET${TAG:-}.txt") &
 python3 -m osserve.bench.serve --base-url http://127.0.0.1:8000 --model "gpt-oss-$PRESET" --endpoint chat \
     --num-requests "$N" --concurrency 256 --max-tokens "$MAX_TOKENS" --ignore-eos --timeout 330 \
     --prompt "Explain quantum mechanics in one paragraph." --output-json "$OUT/serve-$PRESET${TAG:-}.json"
@@ -25,4 +27,7 @@ if [ "${SWEEP:-1}" = 1 ]; then
         --output-json "$OUT/sweep-$PRESET.json" --plot "$OUT/sweep-$PRESET.png" | grep -E "concurrency|output token|TTFT"
 fi
 grep "engine: " "$OUT/server-$PRESET${TAG:-}.log" | tail -2
+curl -s http://127.0.0.1:8000/metrics | grep -E "^osserve:(prefix_cache|num_preemptions)"
+cat "$OUT/top-$PRESET${TAG:-}.txt" 2>/dev/null | grep -v "^ *$" | head -24
+python3 benchmarks/ttft_by_arrival.py "$OUT/serve-$PRESET${TAG:-}.json"
 kill $SERVER; wait $SERVER 2>/dev/null

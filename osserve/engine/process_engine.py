@@ -17,7 +17,7 @@ import asyncio
 import logging
 import multiprocessing as mp
 import threading
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import Any
@@ -79,6 +79,8 @@ def _engine_main(args: EngineArgs, commands: Connection, outputs: Connection) ->
                     log.info("engine: %s", profile.summary())
             if out:
                 outputs.send(("out", out, engine.stats()))
+    except EOFError:
+        return  # the server closed its end of the pipe without a "stop": it is gone, nothing to tell
     except Exception as e:
         log.exception("engine step loop failed")
         outputs.send(("dead", repr(e)))
@@ -88,11 +90,13 @@ def _engine_main(args: EngineArgs, commands: Connection, outputs: Connection) ->
 class ProcessEngine:
     """Implements osserve.engine.outputs.EngineClient over an engine in a child process."""
 
-    def __init__(self, args: EngineArgs, max_waiting: int | None = None) -> None:
+    def __init__(self, args: EngineArgs, max_waiting: int | None = None,
+                 engine_main: Callable[[EngineArgs, Connection, Connection], None] = _engine_main) -> None:
+        """engine_main: the child's loop (benchmarks/profile_http.py passes one without a model)."""
         ctx = mp.get_context("spawn")
         child_commands, self._commands = ctx.Pipe(duplex=False)  # (reader, writer): down to the engine
         self._outputs, child_outputs = ctx.Pipe(duplex=False)  # up from the engine
-        self._proc = ctx.Process(target=_engine_main, args=(args, child_commands, child_outputs),
+        self._proc = ctx.Process(target=engine_main, args=(args, child_commands, child_outputs),
                                  name="osserve-engine", daemon=True)
         self._proc.start()
         child_commands.close()
@@ -170,14 +174,21 @@ class ProcessEngine:
             if self._proc.is_alive():
                 self._proc.terminate()
 
-    def _deliver(self, request_id: str, item: CompletionDelta | _Rejected) -> None:
-        target = self._queues.get(request_id)
-        if target is None:
-            return
-        loop, queue = target
-        if isinstance(item, _Rejected) or item.finished:
-            self._queues.pop(request_id, None)
-        loop.call_soon_threadsafe(queue.put_nowait, item)
+    def _deliver(self, items: list[tuple[str, CompletionDelta | _Rejected]]) -> None:
+        """Hand one engine step's items to their requests' queues: one wake-up of each event loop
+        per step, not one per request (each call_soon_threadsafe writes to the loop's self-pipe,
+        and at 256 streams those writes and the GIL hand-offs around them slowed the loop)."""
+        by_loop: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Queue[Any], Any]]] = {}
+        for request_id, item in items:
+            target = self._queues.get(request_id)
+            if target is None:
+                continue
+            loop, queue = target
+            if isinstance(item, _Rejected) or item.finished:
+                self._queues.pop(request_id, None)
+            by_loop.setdefault(loop, []).append((queue, item))
+        for loop, puts in by_loop.items():
+            loop.call_soon_threadsafe(_put_all, puts)
 
     def _read_loop(self) -> None:
         try:
@@ -187,13 +198,14 @@ class ProcessEngine:
                     self._dead = msg[1]
                     break
                 _, out, self._stats = msg
-                for item in out:
-                    if isinstance(item, tuple):
-                        self._deliver(item[0], item[1])
-                    else:
-                        self._deliver(item.request_id, item)
+                self._deliver([item if isinstance(item, tuple) else (item.request_id, item) for item in out])
         except (EOFError, OSError) as e:
             self._dead = self._dead or f"the engine process exited ({e!r})"
         # Fail every open request: the engine cannot finish them any more.
-        for rid in list(self._queues):
-            self._deliver(rid, error_delta(rid, self._dead or "the engine process exited"))
+        self._deliver([(rid, error_delta(rid, self._dead or "the engine process exited"))
+                       for rid in list(self._queues)])
+
+
+def _put_all(puts: list[tuple[asyncio.Queue[Any], Any]]) -> None:
+    for queue, item in puts:
+        queue.put_nowait(item)

@@ -93,3 +93,47 @@ def test_a_killed_engine_fails_open_requests_instead_of_hanging(tmp_path: Path) 
     assert deltas[-1].finished and deltas[-1].finish_reason == "error" and deltas[-1].error
     assert not eng.is_ready
     eng.shutdown()
+
+
+def _lockstep_engine_main(args: EngineArgs, commands, outputs) -> None:  # type: ignore[no-untyped-def]
+    """A model-free engine child: once `args.max_num_seqs` requests are in, every step sends one
+    token to each of them in a single message (token = 1000 * request number + step)."""
+    from osserve.engine.outputs import CompletionDelta, EngineStats
+
+    outputs.send(("ready", {"max_model_len": 1024, "max_waiting": 100}))
+    running: dict[str, int] = {}
+    while len(running) < (args.max_num_seqs or 1):
+        msg = commands.recv()
+        running[msg[1]] = int(msg[1].removeprefix("r"))
+    for step in range(3):
+        outputs.send(("out", [CompletionDelta(rid, [1000 * n + step], "x", None, step == 2, "length" if step == 2
+                                              else None, None, 3, 0, step + 1) for rid, n in running.items()],
+                      EngineStats()))
+    commands.recv()  # the "stop" at shutdown
+
+
+def test_one_step_message_reaches_every_request_in_order() -> None:
+    """A step's deltas for many requests arrive as one message: each request gets exactly its own
+    tokens, in order, and finishes (the reader hands a whole step to the event loop at once)."""
+    import asyncio
+
+    from osserve.engine.sampling_params import SamplingParams
+
+    eng = ProcessEngine(EngineArgs(max_num_seqs=20), engine_main=_lockstep_engine_main)
+
+    async def one(n: int) -> list[int]:
+        tokens = []
+        async for d in eng.generate([1, 2, 3], SamplingParams(max_tokens=3), f"r{n}"):
+            tokens += d.new_token_ids
+            if d.finished:
+                assert d.finish_reason == "length"
+        return tokens
+
+    async def run() -> list[list[int]]:
+        return await asyncio.gather(*(one(n) for n in range(20)))
+
+    try:
+        got = asyncio.run(asyncio.wait_for(run(), timeout=60))
+    finally:
+        eng.shutdown()
+    assert got == [[1000 * n, 1000 * n + 1, 1000 * n + 2] for n in range(20)]

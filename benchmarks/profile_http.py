@@ -1,0 +1,126 @@
+"""Where the HTTP server process's time goes under a serving load, without a model or a GPU.
+
+    python3 benchmarks/profile_http.py [--step-ms 15] [--concurrency 256] [--num-requests 1024]
+
+The server is the real one (create_app + uvicorn) over the real ProcessEngine, whose child runs
+`stepping_engine_main` instead of a model: every --step-ms it sends one token to each running
+request, as the engine does at a decode step, through the same pipe. `osserve bench serve` loads
+it from another process (chat endpoint, streaming, ignore_eos). The server runs under cProfile:
+at the end the tokens per second it delivered, its CPU seconds per 1000 tokens and its busiest
+functions are printed. If the server keeps up, the delivered rate is the engine's
+(concurrency / step); if it falls behind, chunks coalesce and TTFT grows.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import pstats
+import resource
+import subprocess
+import sys
+import threading
+import time
+from multiprocessing.connection import Connection
+
+from osserve.engine.load import EngineArgs
+from osserve.engine.outputs import CompletionDelta, EngineStats
+from osserve.engine.sampling_params import SamplingParams
+
+PORT = 8011
+
+
+def stepping_engine_main(args: EngineArgs, commands: Connection, outputs: Connection) -> None:
+    """A model-free engine loop: one token per running request every args.seed milliseconds (the
+    step period rides in `seed`, the one integer EngineArgs has to spare)."""
+    from osserve.tokenizer import load_tokenizer
+
+    tok = load_tokenizer()
+    words = tok.encode(" the quantum state of a particle is described by a wave function")
+    outputs.send(("ready", {"max_model_len": 4096, "max_waiting": 10_000}))
+    running: dict[str, tuple[int, SamplingParams, int]] = {}  # rid -> (prompt len, params, tokens out)
+    period = args.seed / 1000
+    generated = 0
+    next_step = time.monotonic()
+    while True:
+        while commands.poll(0 if running else 0.5):
+            msg = commands.recv()
+            if msg[0] == "stop":
+                return
+            if msg[0] == "add":
+                running[msg[1]] = (len(msg[2]), msg[3], 0)
+            elif msg[0] == "abort":
+                running.pop(msg[1], None)
+        if not running:
+            next_step = time.monotonic()
+            continue
+        deltas = []
+        for rid, (prompt_len, params, n) in list(running.items()):
+            t = words[n % len(words)]
+            n += 1
+            last = n >= (params.max_tokens or 16)
+            deltas.append(CompletionDelta(rid, [t], tok.decode([t]), None, last, "length" if last else None,
+                                          None, prompt_len, 0, n))
+            running[rid] = (prompt_len, params, n)
+            if last:
+                del running[rid]
+        generated += len(deltas)
+        outputs.send(("out", deltas, EngineStats(num_running=len(running), generation_tokens_total=generated)))
+        next_step += period
+        time.sleep(max(0.0, next_step - time.monotonic()))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--step-ms", type=int, default=15)
+    ap.add_argument("--concurrency", type=int, default=256)
+    ap.add_argument("--num-requests", type=int, default=1024)
+    ap.add_argument("--max-tokens", type=int, default=256)
+    ap.add_argument("--top", type=int, default=25)
+    ap.add_argument("--client-profile", default=None, help="also profile the load generator into this file")
+    args = ap.parse_args()
+
+    import uvicorn
+
+    from osserve.engine.process_engine import ProcessEngine
+    from osserve.server.app import ServerConfig, create_app
+
+    engine = ProcessEngine(EngineArgs(seed=args.step_ms), engine_main=stepping_engine_main)
+    app = create_app(engine, engine.tokenizer, ServerConfig(model_name="stepping"))
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=PORT, log_level="warning"))
+    profile_client = ["-m", "cProfile", "-o", args.client_profile] if args.client_profile else []
+    load = [sys.executable, *profile_client, "-m", "osserve.bench.serve", "--base-url", f"http://127.0.0.1:{PORT}",
+            "--model", "stepping", "--endpoint", "chat", "--num-requests", str(args.num_requests),
+            "--concurrency", str(args.concurrency), "--max-tokens", str(args.max_tokens), "--ignore-eos"]
+    result: dict[str, float] = {}
+
+    def drive() -> None:
+        while not server.started:
+            time.sleep(0.05)
+        cpu0, t0 = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
+        subprocess.run(load, check=True)
+        cpu1 = resource.getrusage(resource.RUSAGE_SELF)
+        result["wall"] = time.perf_counter() - t0
+        result["cpu"] = (cpu1.ru_utime + cpu1.ru_stime) - (cpu0.ru_utime + cpu0.ru_stime)
+        server.should_exit = True
+
+    threading.Thread(target=drive, daemon=True).start()
+    profiler = cProfile.Profile()
+    profiler.enable()
+    server.run()
+    profiler.disable()
+    engine.shutdown()
+    tokens = args.num_requests * args.max_tokens
+    print(f"server process: {result['cpu']:.1f} CPU s in {result['wall']:.1f} s wall for {tokens} tokens: "
+          f"{1000 * result['cpu'] / tokens:.3f} CPU ms per token, {tokens / result['wall']:.0f} tok/s delivered "
+          f"(engine offers {args.concurrency * 1000 / args.step_ms:.0f}); under cProfile")
+    stats = pstats.Stats(profiler)
+    stats.sort_stats("tottime").print_stats(args.top)
+    stats.sort_stats("cumulative").print_stats(args.top)
+    if args.client_profile:
+        print("the load generator:")
+        pstats.Stats(args.client_profile).sort_stats("tottime").print_stats(args.top)
+
+
+if __name__ == "__main__":
+    main()
