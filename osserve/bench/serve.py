@@ -23,6 +23,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedCo
 from rich.table import Table
 
 from osserve.bench.loadgen import LoadConfig, run_load
+from osserve.bench.processes import auto_workers, run_load_in_processes
 from osserve.bench.stats import records_json, summarize
 
 
@@ -44,6 +45,8 @@ def add_bench_serve_parser(sub: Any) -> None:
     p.add_argument("--api-key", default=None)
     p.add_argument("--output-json", default=None)
     p.add_argument("--plot", default=None, help="PNG path")
+    p.add_argument("--workers", default="auto", help="processes generating the load (each with its share of "
+                   "the concurrency); auto: one per 64 streams, at most half the CPUs")
     p.add_argument("--sweep", default=None, help="comma-separated concurrencies, e.g. 1,8,32,128,256 "
                    "(each level sends min(--num-requests, max(16, 4 x concurrency)) requests)")
 
@@ -72,14 +75,19 @@ def print_summary(console: Console, s: dict[str, Any], title: str) -> None:
     console.print(t)
 
 
-def run_one(cfg: LoadConfig, console: Console) -> dict[str, Any]:
+def run_one(cfg: LoadConfig, console: Console, workers: str = "1") -> dict[str, Any]:
+    n = auto_workers(cfg.concurrency) if workers == "auto" else max(1, int(workers))
     with Progress("[progress.description]{task.description}", BarColumn(), MofNCompleteColumn(),
                   TimeElapsedColumn(), console=console, transient=True) as progress:
         task = progress.add_task(f"c={cfg.concurrency}", total=cfg.num_requests)
-        records, duration = asyncio.run(run_load(cfg, on_done=lambda r: progress.advance(task)))
+        if n > 1:
+            records, duration = run_load_in_processes(cfg, n, lambda: progress.advance(task))
+        else:
+            records, duration = asyncio.run(run_load(cfg, on_done=lambda r: progress.advance(task)))
     summary = summarize(records, duration)
-    print_summary(console, summary, f"{cfg.endpoint} @ {cfg.base_url}, concurrency {cfg.concurrency}")
-    return {"concurrency": cfg.concurrency, "summary": summary, "records": records_json(records)}
+    print_summary(console, summary, f"{cfg.endpoint} @ {cfg.base_url}, concurrency {cfg.concurrency}"
+                  + (f", {n} load processes" if n > 1 else ""))
+    return {"concurrency": cfg.concurrency, "workers": n, "summary": summary, "records": records_json(records)}
 
 
 def run_bench_serve(args: argparse.Namespace) -> int:
@@ -94,7 +102,7 @@ def run_bench_serve(args: argparse.Namespace) -> int:
             # A sweep sends 4 requests per concurrency slot (at least 16, at most --num-requests),
             # so low concurrencies finish in reasonable time and high ones reach steady state.
             n = min(base.num_requests, max(16, 4 * c)) if args.sweep else base.num_requests
-            runs.append(run_one(replace(base, concurrency=c, num_requests=n), console))
+            runs.append(run_one(replace(base, concurrency=c, num_requests=n), console, args.workers))
     except KeyboardInterrupt:
         console.print("[yellow]interrupted: writing what was measured[/yellow]")
     if args.output_json:

@@ -148,7 +148,10 @@ def build_engine(args: EngineArgs) -> LLMEngine:
         plan.max_tokens_per_request(), graphs_bytes / 2**30, WORKSPACE_BYTES / 2**30 if device.type == "cuda"
         else 0.0, dtype, device,
     )
-    return LLMEngine(EngineParts(cfg, cache, sched, runner, kv, load_tokenizer()))
+    engine = LLMEngine(EngineParts(cfg, cache, sched, runner, kv, load_tokenizer()))
+    if device.type == "cuda":
+        engine.warm_up()
+    return engine
 
 
 def kv_budget_bytes(cache: CacheConfig, device: torch.device) -> int:

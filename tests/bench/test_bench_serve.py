@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -18,6 +19,7 @@ from fastapi import FastAPI
 from fastapi.responses import JSONResponse
 
 from osserve.bench.loadgen import LoadConfig, run_load
+from osserve.bench.processes import auto_workers, run_load_in_processes, shares
 from osserve.bench.serve import main as bench_main
 from osserve.bench.stats import RequestRecord, summarize
 from osserve.server.app import ServerConfig, create_app
@@ -66,6 +68,30 @@ def test_counts_and_usage_on_every_endpoint(stub_url: str, endpoint: str) -> Non
     assert all(r.ttft is not None and r.itl for r in records)
 
 
+def test_shares_split_requests_concurrency_and_rate() -> None:
+    cfg = LoadConfig(base_url="u", model="m", num_requests=10, concurrency=7, request_rate=6.0)
+    parts = shares(cfg, 3)
+    assert sorted(i for _, idx in parts for i in idx) == list(range(10))
+    assert [idx for _, idx in parts] == [[0, 3, 6, 9], [1, 4, 7], [2, 5, 8]]
+    assert [c.concurrency for c, _ in parts] == [3, 2, 2] and all(c.request_rate == 2.0 for c, _ in parts)
+    assert [c.num_requests for c, _ in parts] == [4, 3, 3] and len({c.seed for c, _ in parts}) == 3
+    assert len(shares(replace(cfg, concurrency=2), 3)) == 2  # no idle worker
+    assert auto_workers(1) == 1 and auto_workers(256) >= 1
+
+
+def test_several_load_processes_give_every_record(stub_url: str) -> None:
+    cfg = LoadConfig(base_url=stub_url, model="m", num_requests=11, concurrency=4, max_tokens=100, timeout=60)
+    ticks = []
+    t0 = time.perf_counter()
+    records, duration = run_load_in_processes(cfg, 3, lambda: ticks.append(1))
+    s = summarize(records, duration)
+    assert s["completed"] == 11 and s["failed"] == 0 and len(ticks) == 11
+    single, _ = asyncio.run(run_load(cfg))
+    assert [r.output_tokens for r in records] == [r.output_tokens for r in single]
+    # Times count from the parent's start: every request started within the run.
+    assert all(0 <= r.start <= time.perf_counter() - t0 for r in records)
+
+
 def test_json_and_plot_and_sweep(stub_url: str, tmp_path: Path) -> None:
     out, png = tmp_path / "run.json", tmp_path / "run.png"
     rc = bench_main(["--base-url", stub_url, "--model", "m", "--num-requests", "6", "--concurrency", "2",
@@ -109,14 +135,15 @@ def test_timeout_stops_cleanly() -> None:
     assert len(records) == 8 and all(r.error == "timeout" for r in records)
 
 
-def test_ctrl_c_writes_what_was_measured(tmp_path: Path) -> None:
+@pytest.mark.parametrize("workers", ["1", "2"])
+def test_ctrl_c_writes_what_was_measured(tmp_path: Path, workers: str) -> None:
     engine = ScriptedEngine(load_tokenizer().encode("word " * 300), delay=0.01)
     with serve(create_app(engine, load_tokenizer(), ServerConfig(model_name="m"))) as url:
         out = tmp_path / "r.json"
         env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
         proc = subprocess.Popen([sys.executable, "-m", "osserve.bench.serve", "--base-url", url, "--model", "m",
                                  "--num-requests", "50", "--concurrency", "2", "--max-tokens", "50",
-                                 "--output-json", str(out)], env=env, stdout=subprocess.PIPE,
+                                 "--workers", workers, "--output-json", str(out)], env=env, stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT)
         time.sleep(5)
         proc.send_signal(signal.SIGINT)

@@ -65,6 +65,18 @@ def test_staggered_equals_alone(engine: LLMEngine, alone: dict[str, list[int]]) 
     assert run(engine, prompts(), GREEDY, stagger=3) == alone
 
 
+def test_warm_up_leaves_nothing_behind(tiny_checkpoint: Path, alone: dict[str, list[int]]) -> None:
+    """warm_up (run before serving on a GPU) leaves no request, no counts, every block free, and
+    outputs unchanged. A small budget makes its first prompt fill a whole step."""
+    eng = make_engine(tiny_checkpoint, max_num_batched_tokens=64)
+    eng.warm_up()
+    stats = eng.stats()
+    assert not eng.has_unfinished() and eng.in_flight is None
+    assert stats.prompt_tokens_total == stats.generation_tokens_total == stats.prefix_cache_queries == 0
+    assert stats.num_free_blocks == stats.num_total_blocks and eng.profile.steps == 0
+    assert run(eng, prompts(), GREEDY) == alone
+
+
 def test_tiny_chunks_equal_alone(tiny_checkpoint: Path, alone: dict[str, list[int]]) -> None:
     eng = make_engine(tiny_checkpoint, max_num_batched_tokens=7, no_prefix_caching=True)
     assert run(eng, prompts(), GREEDY) == alone
