@@ -28,6 +28,6 @@ if [ "${SWEEP:-1}" = 1 ]; then
 fi
 grep "engine: " "$OUT/server-$PRESET${TAG:-}.log" | tail -2
 curl -s http://127.0.0.1:8000/metrics | grep -E "^osserve:(prefix_cache|num_preemptions)"
-cat "$OUT/top-$PRESET${TAG:-}.txt" 2>/dev/null | grep -v "^ *$" | head -24
+cat "$OUT/top-$PRESET${TAG:-}.txt" 2>/dev/null | grep -v "^ *$" | grep -v " 0.0 .* 0:00" | head -30
 python3 benchmarks/ttft_by_arrival.py "$OUT/serve-$PRESET${TAG:-}.json"
 kill $SERVER; wait $SERVER 2>/dev/null

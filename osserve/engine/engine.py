@@ -172,16 +172,19 @@ class LLMEngine:
         return bool(self.requests)
 
     def warm_up(self) -> None:
-        """Run the prefill paths once before serving: a step of the whole token budget (above
-        the swapped MoE kernel's range: the dense path) and a smaller prompt (the swapped kernel,
-        the attention prefill kernels), so that the first users' prompts do not wait for Triton
-        to compile them (the first wave of a 256-stream benchmark waited 3.5 s for its first
-        tokens). Leaves no request and no statistics behind; the prompts' blocks stay cached."""
-        budget = min(self.scheduler_config.max_num_batched_tokens, self.max_model_len - 1)
-        params = SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True)
-        for i, n in enumerate((budget, min(300, budget))):
-            # Distinct prompts: the second must not be served from the first's cached prefix.
-            self.add_request(f"warm-up-{i}", [(7 * t + 500 * i) % 1000 for t in range(n)], params)
+        """Run the prefill paths once before serving, so that the first users' prompts do not wait
+        for Triton to compile them (the first wave of a 256-stream benchmark waited 3.5 s for its
+        first tokens). Step 1: three prompts filling the whole token budget (above 4096 tokens the
+        dense MoE path); step 2: their decodes beside seven short prompts (a mixed step: the
+        swapped MoE kernel, the attention prefill kernel with several sequences). Leaves no request
+        and no statistics behind; the prompts' blocks stay cached."""
+        budget = min(self.scheduler_config.max_num_batched_tokens, self.max_model_len - 2)
+        short = max(1, min(100, budget // 4))
+        lengths = [(budget - 2 * short, 2), (short, 2), (short, 2)] + [(37, 1)] * 7
+        for i, (n, out) in enumerate(lengths):
+            # Distinct prompts: none may be served from another's cached prefix.
+            self.add_request(f"warm-up-{i}", [(7 * t + 101 * i) % 1000 for t in range(n)],
+                             SamplingParams(temperature=0.0, max_tokens=out, ignore_eos=True))
         while self.has_unfinished():
             self.step()
         self.prompt_tokens_total = self.generation_tokens_total = 0

@@ -78,7 +78,9 @@ def _tiles(
     return acc, l_i, m_i
 
 
-@triton.jit
+# Per-step sizes are not specialised (Triton would compile a variant for a table width of 1, of a
+# multiple of 16, and of anything else, and a serving step that meets one first waits ~1 s for it).
+@triton.jit(do_not_specialize=["window", "stride_bt"])
 def _prefill_kernel(
     q_ptr, k_ptr, v_ptr, o_ptr, sinks_ptr,
     qsl_ptr,  # [B+1] int32 query_start_loc

@@ -43,7 +43,7 @@ def topk_softmax_rows(vals, alive, rows, row_ok, cols, w_ptr, ids_ptr, K: tl.con
     tl.store(ids_ptr + out, ids, mask=row_ok[:, None])
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_tokens"])  # per-step size: no recompile per divisibility class
 def _topk_softmax_kernel(
     logits_ptr, w_ptr, ids_ptr, num_tokens, stride_t, E: tl.constexpr, K: tl.constexpr,
     BLOCK_T: tl.constexpr, BLOCK_E: tl.constexpr,
