@@ -14,6 +14,7 @@ same path on the `tiny` preset on CPU and takes out only the model's arithmetic:
 
 from __future__ import annotations
 
+import gc
 import time
 from multiprocessing.reduction import ForkingPickler
 from typing import Any
@@ -64,6 +65,7 @@ def build_host_only_engine(max_num_seqs: int, max_model_len: int = 4096, vocab: 
         graphs.outputs[b] = torch.zeros(b, hidden)
     runner.graphs = graphs
     runner.model = StubModel(hidden, 8192, vocab)  # type: ignore[assignment]
+    gc.freeze()  # as the engine process does once its engine is built (process_engine._engine_main)
     return engine
 
 

@@ -14,6 +14,7 @@ the same typed osserve error from the first `anext` of `generate`, before any de
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import multiprocessing as mp
 import threading
@@ -51,6 +52,10 @@ def _engine_main(args: EngineArgs, commands: Connection, outputs: Connection) ->
     except Exception as e:  # say why, instead of a silent dead child
         outputs.send(("dead", repr(e)))
         return
+    # Everything built so far (modules, the model, the KV manager's block records: ~400k objects)
+    # lives as long as this process. Frozen, the collector's full passes skip it: unfrozen, each
+    # took ~200 ms (one per ~200 steps at batch 229), about 1 ms per step on average.
+    gc.freeze()
     outputs.send(("ready", {"max_model_len": engine.max_model_len,
                             "max_waiting": engine.scheduler_config.max_waiting}))
     try:
