@@ -1,17 +1,23 @@
 """The host's fast paths give what the general paths give.
 
-Two schedulers run the same workload in lockstep: one as shipped, one whose KV manager never takes
+Scheduling: two schedulers run the same workload in lockstep: one as shipped, one whose KV manager never takes
 allocate_slots' early return (nor any other shortcut keyed on the same bounds). Every step's
 scheduled output, every block table and every pool's free order must match, through block
-boundaries, sliding-window releases, prefix-cache hits, preemptions and aborts."""
+boundaries, sliding-window releases, prefix-cache hits, preemptions and aborts. Outputs: a
+request with no stop strings gets the same deltas as through the stop-string path."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from osserve.config import SchedulerConfig
 from osserve.engine.kv_cache import KVCacheManager, _RequestBlocks
+from osserve.engine.output_processor import OutputProcessor
+from osserve.engine.outputs import CompletionDelta, TokenLogprob
 from osserve.engine.request import Request
 from osserve.engine.sampling_params import SamplingParams
-from osserve.engine.scheduler import Scheduler, SchedulerOutput
+from osserve.engine.scheduler import RequestUpdate, Scheduler, SchedulerOutput
+from osserve.tokenizer import load_tokenizer
 
 GROUPS = [("sliding", 128), ("full", None)]
 BS = 16
@@ -85,3 +91,29 @@ def test_fast_paths_schedule_exactly_as_the_general_paths() -> None:
     assert fast.num_preemptions > 0 and fast.kv.stats.prefix_cache_hits > 0  # the workload reached them
     assert quiet > step  # and the early return was taken on most decode steps
     assert all(fast.kv.num_free_blocks(g) == 60 for g in fast.kv.groups)
+
+
+class GeneralOutputs(OutputProcessor):
+    """Sends every step through the general path (stop strings, hold-back, flush)."""
+
+    def _plain_delta(self, req: Request, upd: RequestUpdate, state: Any,  # type: ignore[override]
+                     logprob: TokenLogprob | None) -> CompletionDelta | None:
+        return self._general_delta(req, upd, state, logprob)
+
+
+def test_plain_output_deltas_equal_the_general_path() -> None:
+    tok = load_tokenizer()
+    ids = tok.encode("héllo — 你好 🙂🙂 Здравствуй, world") + [200002]  # ends on a stop token
+    fast, slow = OutputProcessor(tok), GeneralOutputs(tok)
+    deltas: list[list[CompletionDelta | None]] = [[], []]
+    for proc, got in zip((fast, slow), deltas, strict=True):
+        req = Request("a", [1, 2, 3], SamplingParams(), 0.0)
+        proc.add(req)
+        for i, t in enumerate(ids):
+            req.output_token_ids.append(t)
+            last = i == len(ids) - 1
+            upd = RequestUpdate("a", [t], last, "stop" if last else None, t if last else None)
+            got.append(proc.process(req, upd, TokenLogprob(t, -0.5) if i % 3 == 0 else None))
+    assert deltas[0] == deltas[1]
+    assert "".join(d.new_text for d in deltas[0] if d) == "héllo — 你好 🙂🙂 Здравствуй, world"
+    assert [d.finished for d in deltas[0] if d] == [False] * (len(ids) - 1) + [True]
