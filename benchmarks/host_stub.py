@@ -24,6 +24,7 @@ import torch
 from osserve.engine.cuda_graphs import DecodeGraphs
 from osserve.engine.engine import LLMEngine
 from osserve.engine.load import EngineArgs, build_engine
+from osserve.engine.process_engine import pack_outputs, unpack_output
 
 
 class _NoReplay:
@@ -71,12 +72,13 @@ def build_host_only_engine(max_num_seqs: int, max_model_len: int = 4096, vocab: 
 
 def process_step_message(engine: LLMEngine, deltas: list[Any]) -> tuple[float, float, float, int]:
     """(stats s, dumps s, loads s, bytes) of the message _engine_main sends after a step, pickled
-    as Connection.send pickles it; loads is the server's reader thread's share."""
+    as Connection.send pickles it; loads (with rebuilding the deltas) is the server's reader
+    thread's share."""
     t0 = time.perf_counter()
     stats = engine.stats()
     t1 = time.perf_counter()
-    data = ForkingPickler.dumps(("out", deltas, stats))
+    data = ForkingPickler.dumps(("out", pack_outputs(deltas), stats))
     t2 = time.perf_counter()
-    ForkingPickler.loads(data)
+    [unpack_output(item) for item in ForkingPickler.loads(data)[1]]
     t3 = time.perf_counter()
     return t1 - t0, t2 - t1, t3 - t2, len(data)
