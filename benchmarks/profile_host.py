@@ -77,6 +77,19 @@ def timed_steps(engine: LLMEngine, steps: int, host_only: bool) -> None:
               f"({size} bytes), unpickle in the server {1000 * loads / steps:.2f}")
 
 
+def profile(engine: LLMEngine, steps: int, host_only: bool, top: int) -> None:
+    profiler = cProfile.Profile()
+    profiler.enable()
+    for _ in range(steps):
+        deltas = engine.step()
+        if host_only:
+            process_step_message(engine, deltas)
+    profiler.disable()
+    stats = pstats.Stats(profiler)
+    stats.sort_stats("tottime").print_stats(top)
+    stats.sort_stats("cumulative").print_stats(top)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--preset", default="20b")
@@ -85,7 +98,7 @@ def main() -> None:
     ap.add_argument("--prompt-len", type=int, default=64)
     ap.add_argument("--steps", type=int, default=100)
     ap.add_argument("--rounds", type=int, default=3, help="timed rounds of --steps steps (host noise: take the best)")
-    ap.add_argument("--top", type=int, default=30)
+    ap.add_argument("--top", type=int, default=30, help="functions to list from a cProfile pass (0: no pass)")
     args = ap.parse_args()
     if args.host_only:
         engine = build_host_only_engine(max_num_seqs=256)
@@ -97,16 +110,8 @@ def main() -> None:
         engine.step()
     for _ in range(args.rounds):
         timed_steps(engine, args.steps, args.host_only)
-    profiler = cProfile.Profile()
-    profiler.enable()
-    for _ in range(args.steps):
-        deltas = engine.step()
-        if args.host_only:
-            process_step_message(engine, deltas)
-    profiler.disable()
-    stats = pstats.Stats(profiler)
-    stats.sort_stats("tottime").print_stats(args.top)
-    stats.sort_stats("cumulative").print_stats(args.top)
+    if args.top > 0:
+        profile(engine, args.steps, args.host_only, args.top)
 
 
 if __name__ == "__main__":

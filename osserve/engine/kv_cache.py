@@ -259,7 +259,10 @@ class KVCacheManager:
         need = dict.fromkeys(self.pools, 0)
         for req in reqs:
             rb = self.requests.get(req.request_id)
-            end_blocks = math.ceil((req.num_computed_tokens + num_new_tokens) / bs)
+            end = req.num_computed_tokens + num_new_tokens
+            if rb is not None and end <= rb.capacity:
+                continue  # every group's table reaches `end` already (allocate_slots' bounds)
+            end_blocks = math.ceil(end / bs)
             for g in self.pools:
                 need[g] += max(0, end_blocks - (len(rb.tables[g]) if rb else 0))
         return all(need[g] <= pool.num_free for g, pool in self.pools.items())

@@ -66,6 +66,14 @@ class Request:
             return self.output_token_ids[start - p: end - p] + pending
         return self.prompt_token_ids[start:end] + self.output_token_ids[: max(0, end - p)] + pending
 
+    def token_at(self, pos: int) -> int:
+        """all_token_ids[pos] (PENDING_TOKEN for a token in flight): a decode step's one input."""
+        p = len(self.prompt_token_ids)
+        if pos < p:
+            return self.prompt_token_ids[pos]
+        out = pos - p
+        return self.output_token_ids[out] if out < len(self.output_token_ids) else PENDING_TOKEN
+
     @property
     def num_tokens(self) -> int:
         return len(self.prompt_token_ids) + len(self.output_token_ids) + self.num_pending

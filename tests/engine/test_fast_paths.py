@@ -1,7 +1,7 @@
 """The host's fast paths give what the general paths give.
 
 Scheduling: two schedulers run the same workload in lockstep: one as shipped, one whose KV manager never takes
-allocate_slots' early return (nor any other shortcut keyed on the same bounds). Every step's
+allocate_slots' early return (nor can_allocate_all's, keyed on the same bounds). Every step's
 scheduled output, every block table and every pool's free order must match, through block
 boundaries, sliding-window releases, prefix-cache hits, preemptions and aborts. Outputs: a
 request with no stop strings gets the same deltas as through the stop-string path."""
@@ -14,7 +14,7 @@ from osserve.config import SchedulerConfig
 from osserve.engine.kv_cache import KVCacheManager, _RequestBlocks
 from osserve.engine.output_processor import OutputProcessor
 from osserve.engine.outputs import CompletionDelta, TokenLogprob
-from osserve.engine.request import Request
+from osserve.engine.request import PENDING_TOKEN, Request
 from osserve.engine.sampling_params import SamplingParams
 from osserve.engine.scheduler import RequestUpdate, Scheduler, SchedulerOutput
 from osserve.tokenizer import load_tokenizer
@@ -81,6 +81,8 @@ def test_fast_paths_schedule_exactly_as_the_general_paths() -> None:
             for s in (fast, slow):
                 s.abort("r3")
         quiet += quiet_steps(fast)
+        for n in (1, 16):
+            assert fast.kv.can_allocate_all(fast.running, n) == slow.kv.can_allocate_all(slow.running, n)
         outs = [s.schedule() for s in (fast, slow)]
         assert snapshot(fast, outs[0]) == snapshot(slow, outs[1]), f"step {step}"
         for s, out in zip((fast, slow), outs, strict=True):
@@ -117,3 +119,9 @@ def test_plain_output_deltas_equal_the_general_path() -> None:
     assert deltas[0] == deltas[1]
     assert "".join(d.new_text for d in deltas[0] if d) == "héllo — 你好 🙂🙂 Здравствуй, world"
     assert [d.finished for d in deltas[0] if d] == [False] * (len(ids) - 1) + [True]
+
+
+def test_token_at_is_token_slice_of_one() -> None:
+    req = Request("a", [10, 11, 12], SamplingParams(), 0.0, output_token_ids=[20, 21], num_pending=1)
+    assert [req.token_at(i) for i in range(req.num_tokens)] == req.token_slice(0, req.num_tokens)
+    assert req.token_at(5) == PENDING_TOKEN
