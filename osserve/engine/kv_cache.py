@@ -87,7 +87,7 @@ class BlockPool:
             self.cached[block_hash] = block_id
 
 
-@dataclass
+@dataclass(slots=True)
 class _RequestBlocks:
     tables: dict[str, list[int]]
     hashes: list[int] = field(default_factory=list)  # chained hashes of its full blocks

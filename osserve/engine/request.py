@@ -30,7 +30,7 @@ def finished_status(reason: str) -> RequestStatus:
     return RequestStatus(reason)
 
 
-@dataclass
+@dataclass(slots=True)
 class Request:
     """One request. The one scheduling rule (vLLM v1): each step, `num_computed_tokens` catches
     up with `num_tokens` (prompt + output so far), as far as the step's budget allows."""

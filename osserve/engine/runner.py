@@ -18,7 +18,7 @@ from osserve.model.gpt_oss import GptOssForCausalLM, KVCache
 from osserve.ops.attention import AttentionMetadata, BlockTables
 
 
-@dataclass
+@dataclass(slots=True)
 class BatchEntry:
     """One sequence's part of a step: `token_ids` at positions start_pos, start_pos+1, ..."""
 
