@@ -112,6 +112,7 @@ def main() -> None:
         timed_steps(engine, args.steps, args.host_only)
     if args.top > 0:
         profile(engine, args.steps, args.host_only, args.top)
+    gc.unfreeze()  # build_host_only_engine froze the startup objects; exit collects them
 
 
 if __name__ == "__main__":

@@ -114,6 +114,8 @@ def _engine_main(args: EngineArgs, commands: Connection, outputs: Connection) ->
     except Exception as e:
         log.exception("engine step loop failed")
         outputs.send(("dead", repr(e)))
+    finally:
+        gc.unfreeze()  # for the exit's collection: objects still frozen then are reported as leaked
 
 
 # ---------------------------------------------------------------------- the server side
