@@ -147,6 +147,12 @@ class KVCacheManager:
         return all(self.blocks_needed(g, num_tokens, chunk) <= p.num_blocks for g, p in self.pools.items())
 
     # ------------------------------------------------------------------ prefix cache
+    def _blocks_of(self, req: Request) -> _RequestBlocks:
+        rb = self.requests.get(req.request_id)
+        if rb is None:
+            rb = self.requests[req.request_id] = _RequestBlocks({g: [] for g in self.pools})
+        return rb
+
     def _hashes(self, req: Request, rb: _RequestBlocks, num_full_blocks: int) -> list[int]:
         bs = self.block_size
         while len(rb.hashes) < num_full_blocks:
@@ -164,7 +170,7 @@ class KVCacheManager:
     def claim_cached_prefix(self, req: Request) -> int:
         """At admission: take the longest cached prefix; returns its length in tokens (a multiple
         of block_size, leaving at least one token to compute so the last one yields logits)."""
-        rb = self.requests.setdefault(req.request_id, _RequestBlocks({g: [] for g in self.pools}))
+        rb = self._blocks_of(req)
         if not self.enable_prefix_caching:
             return 0
         max_blocks = (req.num_tokens - 1) // self.block_size
@@ -211,12 +217,6 @@ class KVCacheManager:
         rb.registered = full
 
     # ------------------------------------------------------------------ allocation
-    def _blocks_of(self, req: Request) -> _RequestBlocks:
-        rb = self.requests.get(req.request_id)
-        if rb is None:
-            rb = self.requests[req.request_id] = _RequestBlocks({g: [] for g in self.pools})
-        return rb
-
     def allocate_slots(self, req: Request, num_new_tokens: int) -> bool:
         """Give positions up to num_computed + num_new - 1 a slot in every group, freeing sliding
         blocks that the step's first query can no longer see. All or nothing."""
