@@ -66,7 +66,8 @@ def build_host_only_engine(max_num_seqs: int, max_model_len: int = 4096, vocab: 
         graphs.outputs[b] = torch.zeros(b, hidden)
     runner.graphs = graphs
     runner.model = StubModel(hidden, 8192, vocab)  # type: ignore[assignment]
-    gc.freeze()  # as the engine process does once its engine is built (process_engine._engine_main)
+    gc.collect()  # as the engine process does once its engine is built (process_engine._engine_main)
+    gc.freeze()
     return engine
 
 

@@ -81,7 +81,9 @@ def _engine_main(args: EngineArgs, commands: Connection, outputs: Connection) ->
         return
     # Everything built so far (modules, the model, the KV manager's block records: ~400k objects)
     # lives as long as this process. Frozen, the collector's full passes skip it: unfrozen, each
-    # took ~200 ms (one per ~200 steps at batch 229), about 1 ms per step on average.
+    # took ~200 ms (one per ~200 steps at batch 229), about 1 ms per step on average. Collect
+    # first: garbage still waiting in a cycle would be frozen too, and never freed.
+    gc.collect()
     gc.freeze()
     outputs.send(("ready", {"max_model_len": engine.max_model_len,
                             "max_waiting": engine.scheduler_config.max_waiting}))
