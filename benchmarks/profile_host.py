@@ -3,13 +3,15 @@
 On the GPU:   PYTHONPATH=$PWD python3 benchmarks/profile_host.py [--preset 20b] [--batch 229]
 On any CPU:   PYTHONPATH=$PWD python3 benchmarks/profile_host.py --host-only [--batch 229]
 
-Builds the engine with random weights, fills the batch with short prompts (greedy, ignore_eos,
-as the serving benchmark), lets every request reach decode, then times `--steps` calls of
+Builds the engine with random weights, fills the batch with short prompts (greedy, ignore_eos;
+the serving benchmark samples at temperature 1, which adds device work and one per-row tensor),
+lets every request reach decode, then times `--steps` calls of
 engine.step() (the GPU runs as it would in serving: CUDA graphs, async scheduling) with the step
 profile the engine keeps, and profiles as many more: the functions with the most own time and
 cumulative time. --host-only runs the tiny preset on CPU with the model's work stubbed out
 (benchmarks/host_stub.py), so what is timed is the host path alone, and adds the cost of the
-message the engine process pickles for the server after each step.
+message the engine process pickles for the server after each step. Contexts grow by one token a
+step (64 + 20 warm-up steps, then --rounds x --steps more), and the host's work a little with them.
 """
 
 from __future__ import annotations
