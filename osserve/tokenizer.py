@@ -91,6 +91,9 @@ class Tokenizer:
     encoding: object  # openai_harmony.HarmonyEncoding (typed loosely: a compiled extension)
     vocab_size: int = 201088
     special_ids: frozenset[int] = field(default_factory=frozenset)
+    # token id -> its text when its bytes are whole UTF-8 characters, else None: a memo of a pure
+    # function (at most one entry per vocabulary id), read once per streamed token by every decoder.
+    _piece_texts: dict[int, str | None] = field(default_factory=dict, repr=False, compare=False)
 
     def encode(self, text: str) -> list[int]:
         """Ordinary text; text that looks like a special token is encoded as plain text."""
@@ -104,6 +107,16 @@ class Tokenizer:
 
     def is_special(self, token_id: int) -> bool:
         return token_id in self.special_ids
+
+    def piece_text(self, token_id: int) -> str | None:
+        """The text of one token that decodes on its own (complete UTF-8 characters), else None."""
+        try:
+            return self._piece_texts[token_id]
+        except KeyError:
+            raw = self.decode_bytes([token_id])
+            text = raw.decode("utf-8", errors="replace") if _complete_prefix_len(raw) == len(raw) else None
+            self._piece_texts[token_id] = text
+            return text
 
 
 @functools.cache
@@ -131,6 +144,10 @@ class IncrementalDecoder:
     def push(self, ids: list[int]) -> str:
         if not ids:
             return ""
+        if len(ids) == 1 and not self.buffer:  # the streaming case: one token, nothing held back
+            text = self.tokenizer.piece_text(ids[0])
+            if text is not None:
+                return text
         self.buffer += self.tokenizer.decode_bytes(ids)
         cut = _complete_prefix_len(self.buffer)
         text, self.buffer = self.buffer[:cut].decode("utf-8", errors="replace"), self.buffer[cut:]

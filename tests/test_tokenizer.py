@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
+import random
 from pathlib import Path
 
 import pytest
@@ -52,3 +54,19 @@ def test_non_ascii_round_trip_and_incremental_decoding() -> None:
     split = tk.IncrementalDecoder(t)
     split.buffer = raw[:2]
     assert split.push([]) == "" and tk._complete_prefix_len(raw[:2]) == 0
+
+
+def test_one_token_fast_path_decodes_as_the_general_path() -> None:
+    """push([id]) with nothing held back reads a memo of whole-character tokens; the text stream
+    must be the general path's, including tokens that end inside a character, and specials."""
+    t = tk.load_tokenizer()
+    general = dataclasses.replace(t, _piece_texts={})
+    general.piece_text = lambda token_id: None  # type: ignore[method-assign]
+    ids = t.encode("héllo — 你好 🙂🙂 Здравствуй \x00 ok") + [200002, 199999, 5, 200008]
+    ids += random.Random(0).sample(range(199_998), 300)
+    fast_dec, general_dec = tk.IncrementalDecoder(t), tk.IncrementalDecoder(general)
+    fast = [fast_dec.push([i]) for i in ids] + [fast_dec.flush()]
+    slow = [general_dec.push([i]) for i in ids] + [general_dec.flush()]
+    assert fast == slow
+    assert any(v is None for v in t._piece_texts.values())  # some tokens end inside a character
+    assert "".join(fast) == t.decode_bytes(ids).decode("utf-8", errors="replace")

@@ -43,6 +43,7 @@ class DecodeGraphs:
         self.slots = {g: torch.full((n,), -1, dtype=torch.int64, device=dev) for g in groups}
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.outputs: dict[int, torch.Tensor] = {}
+        self.pin = dev.type == "cuda"  # CPU buffers (the host-only profile) take the arrays as they are
 
     def _meta(self, b: int) -> AttentionMetadata:
         return AttentionMetadata(
@@ -78,9 +79,13 @@ class DecodeGraphs:
         b = self.sizes[bisect.bisect_left(self.sizes, n)]
         bs = self.block_size
 
-        def put(dst: torch.Tensor, values: np.ndarray) -> None:
+        def host(values: np.ndarray) -> torch.Tensor:
             # Pinned: a copy from pageable memory would make the host wait for the GPU's queue.
-            dst[:b].copy_(torch.from_numpy(values).pin_memory(), non_blocking=True)
+            t = torch.from_numpy(values)
+            return t.pin_memory() if self.pin else t
+
+        def put(dst: torch.Tensor, values: np.ndarray) -> None:
+            dst[:b].copy_(host(values), non_blocking=True)
 
         # Host-side work is the step's budget at large batches: build with numpy, copy once each.
         pos = np.asarray(positions, dtype=np.int64)
@@ -94,7 +99,7 @@ class DecodeGraphs:
             width = rows.shape[1]
             blocks = rows[np.arange(n), pos // bs].astype(np.int64)
             put(self.slots[g], _padded(blocks * bs + pos % bs, b, -1, np.int64))
-            self.tables[g][:b, :width].copy_(torch.from_numpy(rows).pin_memory(), non_blocking=True)
+            self.tables[g][:b, :width].copy_(host(rows), non_blocking=True)
             self.tables[g][:b, width:].fill_(-1)
         self.graphs[b].replay()
         return self.outputs[b][:n]

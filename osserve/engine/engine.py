@@ -193,36 +193,24 @@ class LLMEngine:
 
     # ------------------------------------------------------------------ the step
     def step(self) -> list[CompletionDelta]:
+        t0 = time.perf_counter()
         prev = self.in_flight
-        if prev is not None and not self._can_overlap():
+        ending = self._ending_in_flight() if prev is not None else set()
+        if prev is not None and not self._can_overlap(ending):
             self.in_flight = None
             return self._finish(prev)  # drain: the next call schedules with every token known
-        t0 = time.perf_counter()
-        skip = {r.request_id for r in self.scheduler.running if self._ends_in_flight(r)}
-        out = self.scheduler.schedule(skip)
+        out = self.scheduler.schedule(ending)
         if not out.scheduled:
             self.in_flight = None
             return self._finish(prev) if prev is not None else []
         t1 = time.perf_counter()
-        entries = []
-        for s in out.scheduled:
-            tokens = self.requests[s.request_id].token_slice(s.start, s.start + s.num_new_tokens)
-            prev_row = -1
-            if tokens[-1] == PENDING_TOKEN:
-                assert prev is not None and tokens.count(PENDING_TOKEN) == 1
-                prev_row = prev.rows[s.request_id]
-            entries.append(BatchEntry(token_ids=tokens, start_pos=s.start, block_tables=s.block_tables,
-                                      sample=s.needs_sample, prev_row=prev_row))
+        entries, rows, prompt_tokens = self._batch(out, prev)
         logits = self.runner.run(entries, prev.token_ids if prev is not None else None)
-        rows = [self.requests[s.request_id] for s in out.scheduled if s.needs_sample]
         result = self._launch_sample(rows, logits)
         ahead = self.scheduler_config.async_scheduling and all(
             can_run_ahead(r.sampling_params, r.num_output_tokens) for r in rows)
         self.scheduler.advance(out, tokens_pending=ahead)
-        self.prompt_tokens_total += sum(
-            min(s.num_new_tokens, max(0, self.requests[s.request_id].num_prompt_tokens - s.start))
-            for s in out.scheduled
-        )
+        self.prompt_tokens_total += prompt_tokens
         t2 = time.perf_counter()
         has_prefill = any(s.num_new_tokens > 1 for s in out.scheduled)
         step = self._in_flight(out, rows, result, (t1 - t0, t2 - t1, has_prefill))
@@ -233,20 +221,41 @@ class LLMEngine:
         self.in_flight = None
         return deltas + self._finish(step, result)
 
-    def _can_overlap(self) -> bool:
+    def _batch(self, out: SchedulerOutput, prev: InFlightStep | None) -> tuple[list[BatchEntry], list[Request], int]:
+        """The runner's entries, the requests that sample (in row order) and the step's prompt
+        tokens, in one pass over the scheduled requests."""
+        entries, rows, prompt_tokens = [], [], 0
+        requests = self.requests
+        for s in out.scheduled:
+            req = requests[s.request_id]
+            end = s.start + s.num_new_tokens
+            tokens = [req.token_at(s.start)] if s.num_new_tokens == 1 else req.token_slice(s.start, end)
+            prev_row = -1
+            if tokens[-1] == PENDING_TOKEN:  # async scheduling: the previous step's sampled id, on the device
+                assert prev is not None and tokens.count(PENDING_TOKEN) == 1
+                prev_row = prev.rows[s.request_id]
+            entries.append(BatchEntry(tokens, s.start, s.block_tables, s.needs_sample, prev_row))
+            if s.needs_sample:
+                rows.append(req)
+            if s.start < req.num_prompt_tokens:
+                prompt_tokens += min(end, req.num_prompt_tokens) - s.start
+        return entries, rows, prompt_tokens
+
+    def _can_overlap(self, ending: set[str]) -> bool:
         """The next step may be launched before the one in flight is read: it will be decodes
         only, of requests that can run ahead, and every one of them gets its next slot."""
         sched = self.scheduler
         if sched.waiting and len(sched.running) < self.scheduler_config.max_num_seqs:
             return False  # an admission: a prefill, and new prompts change the batch's shape
-        going_on = [r for r in sched.running if not self._ends_in_flight(r)]
+        going_on = [r for r in sched.running if r.request_id not in ending]
         return all(r.num_tokens - r.num_computed_tokens == 1
                    and can_run_ahead(r.sampling_params, r.num_output_tokens) for r in going_on) \
             and self.kv.can_allocate_all(going_on, 1)
 
-    def _ends_in_flight(self, req: Request) -> bool:
-        """Its token in flight is certain to be its last: it sits the next step out."""
-        return req.num_pending > 0 and self.scheduler.ends_by_length(req)
+    def _ending_in_flight(self) -> set[str]:
+        """Requests whose token in flight is certain to be their last: they sit the next step out."""
+        ends = self.scheduler.ends_by_length
+        return {r.request_id for r in self.scheduler.running if r.num_pending > 0 and ends(r)}
 
     def _launch_sample(self, rows: list[Request], logits: torch.Tensor) -> SamplerOutput | None:
         if not rows:

@@ -87,7 +87,7 @@ class BlockPool:
             self.cached[block_hash] = block_id
 
 
-@dataclass
+@dataclass(slots=True)
 class _RequestBlocks:
     tables: dict[str, list[int]]
     hashes: list[int] = field(default_factory=list)  # chained hashes of its full blocks
@@ -95,6 +95,11 @@ class _RequestBlocks:
     # Per sliding group: table entries before this index are HOLEs already, so each step's release
     # looks only at the blocks that left the window since the last one (not the whole table).
     released: dict[str, int] = field(default_factory=dict)
+    # allocate_slots has nothing to do for a step that starts before `quiet_until` and ends by
+    # `capacity`: no block to add in any group, none leaving a sliding window (15 decode steps in
+    # 16 at block size 16), so it returns at once. Both are 0 until the first allocate_slots.
+    capacity: int = 0  # positions below it have a table entry in every group
+    quiet_until: float = 0  # the first num_computed_tokens at which a sliding block leaves the window
 
 
 class KVCacheManager:
@@ -142,6 +147,12 @@ class KVCacheManager:
         return all(self.blocks_needed(g, num_tokens, chunk) <= p.num_blocks for g, p in self.pools.items())
 
     # ------------------------------------------------------------------ prefix cache
+    def _blocks_of(self, req: Request) -> _RequestBlocks:
+        rb = self.requests.get(req.request_id)
+        if rb is None:
+            rb = self.requests[req.request_id] = _RequestBlocks({g: [] for g in self.pools})
+        return rb
+
     def _hashes(self, req: Request, rb: _RequestBlocks, num_full_blocks: int) -> list[int]:
         bs = self.block_size
         while len(rb.hashes) < num_full_blocks:
@@ -159,7 +170,7 @@ class KVCacheManager:
     def claim_cached_prefix(self, req: Request) -> int:
         """At admission: take the longest cached prefix; returns its length in tokens (a multiple
         of block_size, leaving at least one token to compute so the last one yields logits)."""
-        rb = self.requests.setdefault(req.request_id, _RequestBlocks({g: [] for g in self.pools}))
+        rb = self._blocks_of(req)
         if not self.enable_prefix_caching:
             return 0
         max_blocks = (req.num_tokens - 1) // self.block_size
@@ -186,6 +197,7 @@ class KVCacheManager:
             rb.tables[g] = table
         rb.registered = k
         rb.released = {}
+        rb.capacity = rb.quiet_until = 0  # new tables: the next allocate_slots takes the general path
         return k * self.block_size
 
     def cache_computed_blocks(self, req: Request) -> None:
@@ -208,12 +220,15 @@ class KVCacheManager:
     def allocate_slots(self, req: Request, num_new_tokens: int) -> bool:
         """Give positions up to num_computed + num_new - 1 a slot in every group, freeing sliding
         blocks that the step's first query can no longer see. All or nothing."""
-        rb = self.requests.setdefault(req.request_id, _RequestBlocks({g: [] for g in self.pools}))
+        rb = self._blocks_of(req)
+        start = req.num_computed_tokens
+        if start < rb.quiet_until and start + num_new_tokens <= rb.capacity:
+            return True  # the general path below would change nothing
         bs = self.block_size
-        end_blocks = math.ceil((req.num_computed_tokens + num_new_tokens) / bs)
+        end_blocks = math.ceil((start + num_new_tokens) / bs)
         for g, window in self.windows.items():
             if window is not None:
-                first_needed = max(0, req.num_computed_tokens - window + 1) // bs
+                first_needed = max(0, start - window + 1) // bs
                 table = rb.tables[g]
                 end = min(first_needed, len(table))
                 for i in range(rb.released.get(g, 0), end):
@@ -222,11 +237,20 @@ class KVCacheManager:
                         table[i] = HOLE
                 rb.released[g] = max(rb.released.get(g, 0), end)
         need = {g: max(0, end_blocks - len(rb.tables[g])) for g in self.pools}
-        if any(need[g] > self.pools[g].num_free for g in self.pools):
-            return False
-        for g, n in need.items():
-            rb.tables[g].extend(self.pools[g].allocate() for _ in range(n))
-        return True
+        ok = not any(need[g] > self.pools[g].num_free for g in self.pools)
+        if ok:
+            for g, n in need.items():
+                rb.tables[g].extend(self.pools[g].allocate() for _ in range(n))
+        self._set_quiet(rb)
+        return ok
+
+    def _set_quiet(self, rb: _RequestBlocks) -> None:
+        """The bounds of allocate_slots' early return: a step from position p needs no release while
+        max(0, p - W + 1) // bs <= released, i.e. p < (released + 1) * bs + W - 1."""
+        bs = self.block_size
+        rb.capacity = bs * min(len(t) for t in rb.tables.values())
+        rb.quiet_until = min(((rb.released.get(g, 0) + 1) * bs + w - 1 for g, w in self.windows.items()
+                              if w is not None), default=math.inf)
 
     def can_allocate_all(self, reqs: list[Request], num_new_tokens: int) -> bool:
         """Whether allocate_slots(req, num_new_tokens) would succeed for every one of `reqs` in turn
@@ -235,7 +259,10 @@ class KVCacheManager:
         need = dict.fromkeys(self.pools, 0)
         for req in reqs:
             rb = self.requests.get(req.request_id)
-            end_blocks = math.ceil((req.num_computed_tokens + num_new_tokens) / bs)
+            end = req.num_computed_tokens + num_new_tokens
+            if rb is not None and end <= rb.capacity:
+                continue  # every group's table reaches `end` already (allocate_slots' bounds)
+            end_blocks = math.ceil(end / bs)
             for g in self.pools:
                 need[g] += max(0, end_blocks - (len(rb.tables[g]) if rb else 0))
         return all(need[g] <= pool.num_free for g, pool in self.pools.items())

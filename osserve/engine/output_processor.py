@@ -59,6 +59,12 @@ class OutputProcessor:
     ) -> CompletionDelta | None:
         """The delta for one request's step; None when it produced nothing new."""
         state = self.states[req.request_id]
+        if not state.stop and not upd.finished and upd.new_token_ids:
+            return self._plain_delta(req, upd, state, logprob)
+        return self._general_delta(req, upd, state, logprob)
+
+    def _general_delta(self, req: Request, upd: RequestUpdate, state: _TextState,
+                       logprob: TokenLogprob | None) -> CompletionDelta | None:
         new_ids = list(upd.new_token_ids)
         # A stop token ends the output; its text is not part of it.
         visible = new_ids[:-1] if upd.finished and upd.stop_reason in new_ids[-1:] else new_ids
@@ -89,6 +95,17 @@ class OutputProcessor:
             num_cached_tokens=req.num_cached_tokens,
             num_output_tokens=req.num_output_tokens,
             queue_time=req.queue_time if finished else None,
+        )
+
+    @staticmethod
+    def _plain_delta(req: Request, upd: RequestUpdate, state: _TextState,
+                     logprob: TokenLogprob | None) -> CompletionDelta:
+        """process() for most steps of most requests: new tokens, not the last, no stop strings (so
+        no text is held back: state.pending stays empty). Skips the stop-string search."""
+        return CompletionDelta(
+            req.request_id, upd.new_token_ids, state.decoder.push(upd.new_token_ids),
+            [logprob] if logprob is not None else None, False, None, None,
+            req.num_prompt_tokens, req.num_cached_tokens, req.num_output_tokens,
         )
 
     def finish(self, req: Request, reason: str) -> CompletionDelta:

@@ -20,7 +20,7 @@ class TokenLogprob:
     top: list[tuple[int, float]] = field(default_factory=list)
 
 
-@dataclass
+@dataclass(slots=True)
 class CompletionDelta:
     """One request's news from one engine step (streamed by AsyncEngine.generate)."""
 

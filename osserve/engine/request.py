@@ -30,7 +30,7 @@ def finished_status(reason: str) -> RequestStatus:
     return RequestStatus(reason)
 
 
-@dataclass
+@dataclass(slots=True)
 class Request:
     """One request. The one scheduling rule (vLLM v1): each step, `num_computed_tokens` catches
     up with `num_tokens` (prompt + output so far), as far as the step's budget allows."""
@@ -65,6 +65,14 @@ class Request:
         if start >= p:
             return self.output_token_ids[start - p: end - p] + pending
         return self.prompt_token_ids[start:end] + self.output_token_ids[: max(0, end - p)] + pending
+
+    def token_at(self, pos: int) -> int:
+        """all_token_ids[pos] (PENDING_TOKEN for a token in flight): a decode step's one input."""
+        p = len(self.prompt_token_ids)
+        if pos < p:
+            return self.prompt_token_ids[pos]
+        out = pos - p
+        return self.output_token_ids[out] if out < len(self.output_token_ids) else PENDING_TOKEN
 
     @property
     def num_tokens(self) -> int:

@@ -18,7 +18,7 @@ from osserve.model.gpt_oss import GptOssForCausalLM, KVCache
 from osserve.ops.attention import AttentionMetadata, BlockTables
 
 
-@dataclass
+@dataclass(slots=True)
 class BatchEntry:
     """One sequence's part of a step: `token_ids` at positions start_pos, start_pos+1, ..."""
 
@@ -90,12 +90,16 @@ class ModelRunner:
                      ) -> None:
         """Write the tokens still on the device (async scheduling) into input_ids, in place: the
         last row of each entry with prev_row >= 0 takes prev_tokens[prev_row]. No host sync."""
-        if prev_tokens is None or all(e.prev_row < 0 for e in entries):
+        if prev_tokens is None:
             return
-        ends = np.cumsum([len(e.token_ids) for e in entries]) - 1
-        pairs = np.array([(end, e.prev_row) for end, e in zip(ends, entries, strict=True) if e.prev_row >= 0])
-        index = self._to_device(pairs.astype(np.int64))
-        input_ids.index_copy_(0, index[:, 0], prev_tokens[index[:, 1]].to(input_ids.dtype))
+        n = len(entries)
+        prev_rows = np.fromiter((e.prev_row for e in entries), dtype=np.int64, count=n)
+        pending = np.flatnonzero(prev_rows >= 0)
+        if not len(pending):
+            return
+        ends = np.cumsum(np.fromiter((len(e.token_ids) for e in entries), dtype=np.int64, count=n)) - 1
+        index = self._to_device(np.stack([ends[pending], prev_rows[pending]]))  # [2, P]: (flat row, prev row)
+        input_ids.index_copy_(0, index[0], prev_tokens[index[1]].to(input_ids.dtype))
 
     @torch.inference_mode()
     def run(self, entries: list[BatchEntry], prev_tokens: torch.Tensor | None = None) -> torch.Tensor:

@@ -9,6 +9,7 @@ Logprobs are those of the raw model distribution (vLLM's default), before penalt
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -17,24 +18,32 @@ from osserve.engine.sampling_params import SamplingParams
 
 
 @dataclass
-class SamplingBatch:
-    temperature: torch.Tensor  # [B] float32; 0 marks greedy rows
-    top_k: torch.Tensor  # [B] int64; vocab size where disabled
-    top_p: torch.Tensor  # [B] float32
-    min_p: torch.Tensor  # [B] float32
+class Penalties:
     repetition: torch.Tensor  # [B]
     frequency: torch.Tensor  # [B]
     presence: torch.Tensor  # [B]
-    output_counts: torch.Tensor | None  # [B, V] counts of each generated token (penalties only)
-    seen: torch.Tensor | None  # [B, V] bool: token in prompt or output (repetition penalty)
-    mask_stop: list[list[int]]  # per row: stop ids banned until min_tokens are out
-    forced: list[int | None]  # per row: the scripted token to emit, if any
+    output_counts: torch.Tensor  # [B, V] counts of each generated token
+    seen: torch.Tensor  # [B, V] bool: token in prompt or output (repetition penalty)
+
+
+@dataclass
+class SamplingBatch:
+    """Per-row settings. A tensor is built only when some row needs it (each costs a pass over
+    the rows, a pinned copy and a launch per step): a batch of greedy rows builds none."""
+
+    temperature: torch.Tensor | None  # [B] float32; 0 marks greedy rows. None: every row is greedy
+    top_k: torch.Tensor | None  # [B] int64; vocab size where disabled. None: no row limits it
+    top_p: torch.Tensor | None  # [B] float32. None: every row keeps 1.0
+    min_p: torch.Tensor | None  # [B] float32. None: every row has 0
+    penalties: Penalties | None  # None: no row has a penalty
+    mask_stop: dict[int, list[int]]  # row -> stop ids banned until its min_tokens are out
+    forced: dict[int, int]  # row -> the scripted token it emits this step
     generators: list[torch.Generator | None]
     num_logprobs: int | None  # most top logprobs any row asked for
-    all_greedy: bool
-    any_top_k: bool
-    any_top_p: bool
-    any_min_p: bool
+
+    @property
+    def all_greedy(self) -> bool:
+        return self.temperature is None
 
     @classmethod
     def build(
@@ -51,47 +60,47 @@ class SamplingBatch:
             # Pinned: a copy from pageable memory would make the host wait for the GPU's queue.
             return (host.pin_memory() if device.type == "cuda" else host).to(device, non_blocking=True)
 
-        need_penalty = any(
-            p.repetition_penalty != 1.0 or p.frequency_penalty != 0.0 or p.presence_penalty != 0.0
-            for p in params
-        )
-        counts = seen = None
-        if need_penalty:
-            b = len(params)
-            counts = torch.zeros(b, vocab_size, dtype=torch.float32, device=device)
-            seen = torch.zeros(b, vocab_size, dtype=torch.bool, device=device)
-            for i, (pr, out) in enumerate(zip(prompt_ids, output_ids, strict=True)):
-                if out:
-                    o = torch.tensor(out, device=device)
-                    counts[i].index_add_(0, o, torch.ones(len(out), device=device))
-                seen[i, torch.tensor(pr + out, dtype=torch.long, device=device)] = True
-        forced = []
-        for p, out in zip(params, output_ids, strict=True):
-            f = p.forced_token_ids
-            forced.append(f[len(out)] if f is not None and len(out) < len(f) else None)
+        greedy = all(p.temperature == 0.0 for p in params)
+        any_top_k = any(0 < p.top_k < vocab_size for p in params)
+        any_top_p = any(p.top_p < 1.0 for p in params)
+        any_min_p = any(p.min_p > 0.0 for p in params)
         wanted = [p.logprobs for p in params if p.logprobs is not None]
         return cls(
-            temperature=t([p.temperature for p in params], torch.float32),
-            top_k=t([p.top_k if p.top_k > 0 else vocab_size for p in params], torch.int64),
-            top_p=t([p.top_p for p in params], torch.float32),
-            min_p=t([p.min_p for p in params], torch.float32),
-            repetition=t([p.repetition_penalty for p in params], torch.float32),
-            frequency=t([p.frequency_penalty for p in params], torch.float32),
-            presence=t([p.presence_penalty for p in params], torch.float32),
-            output_counts=counts,
-            seen=seen,
-            mask_stop=[
-                list(p.stop_token_ids) if len(out) < p.min_tokens else []
-                for p, out in zip(params, output_ids, strict=True)
-            ],
-            forced=forced,
+            temperature=None if greedy else t([p.temperature for p in params], torch.float32),
+            top_k=t([p.top_k if p.top_k > 0 else vocab_size for p in params], torch.int64) if any_top_k else None,
+            top_p=t([p.top_p for p in params], torch.float32) if any_top_p else None,
+            min_p=t([p.min_p for p in params], torch.float32) if any_min_p else None,
+            penalties=_penalties(params, prompt_ids, output_ids, device, vocab_size, t),
+            mask_stop={i: list(p.stop_token_ids) for i, (p, out) in enumerate(zip(params, output_ids, strict=True))
+                       if len(out) < p.min_tokens and p.stop_token_ids},
+            forced={i: f[len(out)] for i, (p, out) in enumerate(zip(params, output_ids, strict=True))
+                    if (f := p.forced_token_ids) is not None and len(out) < len(f)},
             generators=generators,
             num_logprobs=max(wanted) if wanted else None,
-            all_greedy=all(p.temperature == 0.0 for p in params),
-            any_top_k=any(0 < p.top_k < vocab_size for p in params),
-            any_top_p=any(p.top_p < 1.0 for p in params),
-            any_min_p=any(p.min_p > 0.0 for p in params),
         )
+
+
+def _penalties(
+    params: list[SamplingParams], prompt_ids: list[list[int]], output_ids: list[list[int]], device: torch.device,
+    vocab_size: int, t: Callable[[list, torch.dtype], torch.Tensor],  # type: ignore[type-arg]
+) -> Penalties | None:
+    if not any(p.repetition_penalty != 1.0 or p.frequency_penalty != 0.0 or p.presence_penalty != 0.0
+               for p in params):
+        return None
+    b = len(params)
+    counts = torch.zeros(b, vocab_size, dtype=torch.float32, device=device)
+    seen = torch.zeros(b, vocab_size, dtype=torch.bool, device=device)
+    for i, (pr, out) in enumerate(zip(prompt_ids, output_ids, strict=True)):
+        if out:
+            o = torch.tensor(out, device=device)
+            counts[i].index_add_(0, o, torch.ones(len(out), device=device))
+        seen[i, torch.tensor(pr + out, dtype=torch.long, device=device)] = True
+    return Penalties(
+        repetition=t([p.repetition_penalty for p in params], torch.float32),
+        frequency=t([p.frequency_penalty for p in params], torch.float32),
+        presence=t([p.presence_penalty for p in params], torch.float32),
+        output_counts=counts, seen=seen,
+    )
 
 
 @dataclass
@@ -105,13 +114,14 @@ class SamplerOutput:
 def apply_penalties(logits: torch.Tensor, b: SamplingBatch) -> torch.Tensor:
     """Repetition (vLLM: positive logits divided, negative multiplied, for seen tokens), then
     frequency and presence (OpenAI: subtract count*f + [count>0]*p over generated tokens)."""
-    if b.seen is None or b.output_counts is None:
+    pen = b.penalties
+    if pen is None:
         return logits
-    rep = b.repetition[:, None]
+    rep = pen.repetition[:, None]
     penalised = torch.where(logits > 0, logits / rep, logits * rep)
-    logits = torch.where(b.seen, penalised, logits)
-    logits = logits - b.frequency[:, None] * b.output_counts
-    return logits - b.presence[:, None] * (b.output_counts > 0).float()
+    logits = torch.where(pen.seen, penalised, logits)
+    logits = logits - pen.frequency[:, None] * pen.output_counts
+    return logits - pen.presence[:, None] * (pen.output_counts > 0).float()
 
 
 def apply_top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor | None, top_p: torch.Tensor | None) -> torch.Tensor:
@@ -139,22 +149,19 @@ class Sampler:
     def sample(self, logits: torch.Tensor, b: SamplingBatch) -> SamplerOutput:
         logits = logits.float()
         raw = logits
-        for row, ids in enumerate(b.mask_stop):
-            if ids:
-                logits = logits.clone() if logits is raw else logits
-                logits[row, ids] = float("-inf")
+        for row, ids in b.mask_stop.items():
+            logits = logits.clone() if logits is raw else logits
+            logits[row, ids] = float("-inf")
         logits = apply_penalties(logits, b)
-        if b.all_greedy:
+        if b.temperature is None:  # every row is greedy
             chosen = logits.argmax(-1)
         else:
             greedy = logits.argmax(-1)
             temp = torch.where(b.temperature > 0, b.temperature, torch.ones_like(b.temperature))
             scaled = logits / temp[:, None]
-            if b.any_top_k or b.any_top_p:
-                scaled = apply_top_k_top_p(
-                    scaled, b.top_k if b.any_top_k else None, b.top_p if b.any_top_p else None
-                )
-            if b.any_min_p:
+            if b.top_k is not None or b.top_p is not None:
+                scaled = apply_top_k_top_p(scaled, b.top_k, b.top_p)
+            if b.min_p is not None:
                 scaled = apply_min_p(scaled, b.min_p)
             probs = scaled.softmax(-1)
             noise = torch.empty_like(probs).exponential_()
@@ -163,8 +170,8 @@ class Sampler:
                     noise[row] = torch.empty_like(probs[row]).exponential_(generator=g)
             sampled = (probs / noise).argmax(-1)
             chosen = torch.where(b.temperature > 0, sampled, greedy)
-        if any(f is not None for f in b.forced):
-            forced = torch.tensor([-1 if f is None else f for f in b.forced], device=chosen.device)
+        if b.forced:
+            forced = torch.tensor([b.forced.get(row, -1) for row in range(len(chosen))], device=chosen.device)
             chosen = torch.where(forced >= 0, forced, chosen)
         if b.num_logprobs is None:
             return SamplerOutput(chosen, None, None, None)

@@ -23,7 +23,7 @@ from osserve.engine.sampling_params import SamplingParams
 from osserve.errors import ContextLengthError, InvalidRequestError
 
 
-@dataclass
+@dataclass(slots=True)
 class ScheduledRequest:
     """One request's share of a step: tokens [start, start + num_new_tokens)."""
 
@@ -46,7 +46,7 @@ class SchedulerOutput:
         return sum(s.num_new_tokens for s in self.scheduled)
 
 
-@dataclass
+@dataclass(slots=True)
 class RequestUpdate:
     """What a step did to one request that sampled a token (or was finished)."""
 

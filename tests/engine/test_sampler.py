@@ -85,3 +85,30 @@ def test_logprobs_are_the_raw_distribution() -> None:
     ref = logits.log_softmax(-1)
     assert torch.allclose(out.logprobs, ref.gather(1, out.token_ids[:, None])[:, 0])
     assert out.top_logprobs is not None and torch.allclose(out.top_logprobs, ref.topk(3, -1).values)
+
+
+def test_each_row_samples_as_alone_whatever_tensors_its_batch_builds() -> None:
+    """A batch builds only the settings some row uses (greedy alone: none): every row's token is
+    the one it gets alone, in a batch that builds every tensor (temperature, top-k/p, min-p,
+    penalties, stop masks, forced tokens)."""
+    logits = torch.randn(7, V)
+    rows = [
+        (SamplingParams(temperature=0), [1]),
+        (SamplingParams(temperature=0, min_tokens=3, stop_token_ids=[int(logits[1].argmax())]), [1]),
+        (SamplingParams(temperature=0, forced_token_ids=[2, 6]), [2]),
+        (SamplingParams(temperature=0.7, top_k=3, seed=1), [1]),
+        (SamplingParams(temperature=1.0, top_p=0.8, seed=2), [1]),
+        (SamplingParams(temperature=1.0, min_p=0.2, seed=3), [4, 4]),
+        (SamplingParams(temperature=1.0, repetition_penalty=1.5, frequency_penalty=0.5, seed=4), [3, 3]),
+    ]
+
+    def gens() -> list[torch.Generator | None]:
+        return [torch.Generator().manual_seed(p.seed) if p.seed is not None else None for p, _ in rows]
+
+    together = Sampler().sample(logits, batch([p for p, _ in rows], outputs=[o for _, o in rows], gens=gens()))
+    alone = [Sampler().sample(logits[i:i + 1], batch([p], outputs=[o], gens=[g])).token_ids[0]
+             for i, ((p, o), g) in enumerate(zip(rows, gens(), strict=True))]
+    assert together.token_ids.tolist() == [int(t) for t in alone]
+    assert together.token_ids[2] == 6 and together.token_ids[1] != logits[1].argmax()
+    plain = batch([SamplingParams(temperature=0)] * 3)
+    assert plain.temperature is None and plain.top_k is None and plain.penalties is None and not plain.forced

@@ -137,3 +137,25 @@ def test_one_step_message_reaches_every_request_in_order() -> None:
     finally:
         eng.shutdown()
     assert got == [[1000 * n, 1000 * n + 1, 1000 * n + 2] for n in range(20)]
+
+
+def test_outputs_cross_the_pipe_unchanged() -> None:
+    """Plain deltas travel as tuples, the rest as objects: what the server reads back is equal."""
+    from multiprocessing.reduction import ForkingPickler
+
+    from osserve.engine.outputs import CompletionDelta, TokenLogprob, error_delta
+    from osserve.engine.process_engine import _Rejected, pack_outputs, unpack_output
+
+    def delta(**kw: object) -> CompletionDelta:
+        base: dict[str, object] = dict(request_id="r1", new_token_ids=[5, 6], new_text="ab", new_logprobs=None,
+                                       finished=False, finish_reason=None, stop_reason=None, num_prompt_tokens=7,
+                                       num_cached_tokens=3, num_output_tokens=2)
+        return CompletionDelta(**{**base, **kw})  # type: ignore[arg-type]
+
+    items = [delta(), delta(request_id="r2", new_token_ids=[], new_text=""),
+             delta(finished=True, finish_reason="stop", stop_reason=200002, queue_time=0.25),
+             delta(new_logprobs=[TokenLogprob(5, -0.1, [(5, -0.1)])]), error_delta("r3", "boom"),
+             _Rejected("r4", "ContextLengthError", "too long", "max_tokens")]
+    packed = pack_outputs(items)  # type: ignore[arg-type]
+    assert [type(p) for p in packed[:2]] == [tuple, tuple] and packed[2:] == items[2:]
+    assert [unpack_output(p) for p in ForkingPickler.loads(ForkingPickler.dumps(packed))] == items
