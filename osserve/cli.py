@@ -30,6 +30,8 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--block-size", type=int, default=16)
     p.add_argument("--no-prefix-caching", action="store_true")
     p.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs")
+    p.add_argument("--no-mixed-graphs", action="store_true",
+                   help="no CUDA graphs for steps that mix new prompts with decodes (they run eagerly)")
     p.add_argument("--no-async-scheduling", action="store_true",
                    help="finish each step before scheduling the next (no host/GPU overlap)")
     p.add_argument("--tensor-parallel-size", type=int, default=1)

@@ -15,6 +15,7 @@ import logging
 import math
 from collections.abc import Callable
 from itertools import chain
+from typing import Any
 
 import numpy as np
 import torch
@@ -43,6 +44,7 @@ class DecodeGraphs:
         self.slots = {g: torch.full((n,), -1, dtype=torch.int64, device=dev) for g in groups}
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.outputs: dict[int, torch.Tensor] = {}
+        self.pool: Any = None
         self.pin = dev.type == "cuda"  # CPU buffers (the host-only profile) take the arrays as they are
 
     def _meta(self, b: int) -> AttentionMetadata:
@@ -65,6 +67,7 @@ class DecodeGraphs:
                 self.outputs[b] = self.model(self.input_ids[:b], self.positions[:b], meta, self.kv_caches)
             pool = g.pool() if pool is None else pool
             self.graphs[b] = g
+        self.pool = pool  # the mixed-step graphs (engine/mixed_graphs.py) share it
         log.info("captured decode CUDA graphs for batch sizes %s", self.sizes)
 
     def can_run(self, batch: int) -> bool:

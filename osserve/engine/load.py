@@ -49,6 +49,7 @@ class EngineArgs:
     block_size: int = 16
     no_prefix_caching: bool = False
     enforce_eager: bool = False
+    no_mixed_graphs: bool = False  # mixed prefill+decode steps run eagerly (A/B, debugging)
     no_async_scheduling: bool = False
     tensor_parallel_size: int = 1
     seed: int = 0
@@ -139,7 +140,8 @@ def build_engine(args: EngineArgs) -> LLMEngine:
     graphs_bytes = 0
     if device.type == "cuda" and not args.enforce_eager:
         before = torch.cuda.memory_reserved(device)
-        runner.capture_decode_graphs(list(plan.num_blocks), max_model_len, sched.max_num_seqs)
+        runner.capture_decode_graphs(list(plan.num_blocks), max_model_len, sched.max_num_seqs,
+                                     mixed=not args.no_mixed_graphs)
         graphs_bytes = torch.cuda.memory_reserved(device) - before
     log.info(
         "memory plan: weights %.2f GiB, KV cache %.2f GiB (%s blocks of %d tokens: %d full-attention "

@@ -14,6 +14,7 @@ import numpy as np
 import torch
 
 from osserve.engine.cuda_graphs import DecodeGraphs, block_table_array
+from osserve.engine.mixed_graphs import MixedGraphs
 from osserve.model.gpt_oss import GptOssForCausalLM, KVCache
 from osserve.ops.attention import AttentionMetadata, BlockTables
 
@@ -50,11 +51,17 @@ class ModelRunner:
         self.device = device
         self.pin = device.type == "cuda"
         self.graphs: DecodeGraphs | None = None
+        self.mixed: MixedGraphs | None = None
 
-    def capture_decode_graphs(self, groups: list[str], max_model_len: int, max_batch: int) -> None:
-        """Record decode steps as CUDA graphs (the runner, not the model, decides this)."""
+    def capture_decode_graphs(self, groups: list[str], max_model_len: int, max_batch: int,
+                              mixed: bool = True) -> None:
+        """Record decode steps (and, with `mixed`, steps of new prompts beside decodes) as CUDA
+        graphs (the runner, not the model, decides this)."""
         self.graphs = DecodeGraphs(self.model, self.kv_caches, groups, self.block_size, max_model_len, max_batch)
         self.graphs.capture()
+        if mixed:
+            self.mixed = MixedGraphs(self.model, self.kv_caches, groups, self.block_size, max_model_len, max_batch)
+            self.mixed.capture(self.graphs.pool)
 
     def _to_device(self, data: np.ndarray) -> torch.Tensor:
         t = torch.from_numpy(data)
@@ -115,6 +122,17 @@ class ModelRunner:
                 fill_pending=lambda ids: self.fill_pending(ids, entries, prev_tokens),
             )
             return self.model.compute_logits(hidden)
+        shape = self.mixed.shape_for([len(e.token_ids) for e in entries]) if self.mixed is not None else None
+        if shape is not None:
+            assert self.mixed is not None
+            hidden = self.mixed.run(
+                [e.token_ids for e in entries], [e.start_pos for e in entries],
+                {g: [e.block_tables[g] for e in entries] for g in entries[0].block_tables}, shape,
+                fill_pending=lambda ids: self.fill_pending(ids, entries, prev_tokens),
+            )
+            ends = np.cumsum(np.fromiter((len(e.token_ids) for e in entries), dtype=np.int64, count=len(entries))) - 1
+            sample = np.fromiter((e.sample for e in entries), dtype=bool, count=len(entries))
+            return self.model.compute_logits(hidden[self._to_device(ends[sample])])
         inp = self.prepare(entries)
         self.fill_pending(inp.input_ids, entries, prev_tokens)
         hidden = self.model(inp.input_ids, inp.positions, inp.meta, self.kv_caches)
