@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import torch
 
 from osserve.engine.sampling_params import SamplingParams
+from osserve.ops.dispatch import use_triton
 
 
 @dataclass
@@ -146,6 +147,16 @@ def apply_min_p(logits: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
 
 
 class Sampler:
+    @staticmethod
+    def _seeds(generators: list[torch.Generator | None], device: torch.device) -> torch.Tensor:
+        """A noise seed per row, drawn on the device: from the request's own generator where it has
+        one (its tokens then depend on its seed alone, not on the batch), else from the global one."""
+        seeds = torch.randint(0, 2**62, (len(generators),), device=device)
+        for row, g in enumerate(generators):
+            if g is not None:
+                seeds[row] = torch.randint(0, 2**62, (1,), device=device, generator=g)[0]
+        return seeds
+
     def sample(self, logits: torch.Tensor, b: SamplingBatch) -> SamplerOutput:
         logits = logits.float()
         raw = logits
@@ -155,6 +166,11 @@ class Sampler:
         logits = apply_penalties(logits, b)
         if b.temperature is None:  # every row is greedy
             chosen = logits.argmax(-1)
+        elif use_triton(logits) and b.top_k is None and b.top_p is None and b.min_p is None:
+            # Plain temperature sampling (the default): one fused pass (ops/sample_triton.py).
+            from osserve.ops.sample_triton import gumbel_argmax_triton
+
+            chosen = gumbel_argmax_triton(logits, b.temperature, self._seeds(b.generators, logits.device))
         else:
             greedy = logits.argmax(-1)
             temp = torch.where(b.temperature > 0, b.temperature, torch.ones_like(b.temperature))

@@ -155,3 +155,31 @@ def test_small_m_linear_matches_f_linear(t: int, n: int, k: int) -> None:
     assert out.dtype == torch.bfloat16
     assert ((out.float() - ref).norm() / ref.norm()).item() < 1e-2
     assert torch.equal(linear(x, w, b), out)  # the dispatcher takes the kernel at decode sizes
+
+
+def test_fused_sampler_on_the_real_vocab() -> None:
+    """The Sampler's fused path (temperature only) at gpt-oss's vocab: draws follow the tempered
+    softmax, and a seeded row draws the same token alone and in a batch."""
+    from osserve.engine.sampler import Sampler, SamplingBatch
+    from osserve.engine.sampling_params import SamplingParams
+
+    vocab, n = 201088, 4000
+    g = torch.Generator(device="cuda").manual_seed(0)
+    z = torch.full((vocab,), -30.0, device="cuda")
+    z[:5] = torch.tensor([2.0, 1.5, 1.0, 0.0, -1.0], device="cuda")  # the mass sits on five tokens
+    params = [SamplingParams(temperature=0.8) for _ in range(n)]
+    batch = SamplingBatch.build(params, [[1]] * n, [[]] * n, [None] * n, torch.device("cuda"), vocab)
+    ids = Sampler().sample(z.repeat(n, 1), batch).token_ids
+    p = torch.softmax(z / 0.8, -1)[:5]
+    freq = torch.bincount(ids, minlength=vocab)[:5].float() / n
+    assert ids.max().item() < 5 and ((n * (freq - p) ** 2 / p).sum().item() < 18.5)  # chi2(4) 99.9%
+
+    def seeded(rows: int) -> int:
+        gens = [torch.Generator(device="cuda").manual_seed(7)] + [None] * (rows - 1)
+        ps = [SamplingParams(temperature=1.0, seed=7)] + [SamplingParams(temperature=1.0)] * (rows - 1)
+        b = SamplingBatch.build(ps, [[1]] * rows, [[]] * rows, gens, torch.device("cuda"), vocab)
+        logits = torch.randn(rows, vocab, device="cuda", generator=g)
+        logits[0] = z
+        return int(Sampler().sample(logits, b).token_ids[0].item())
+
+    assert seeded(1) == seeded(9) == seeded(33)
