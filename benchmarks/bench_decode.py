@@ -42,12 +42,12 @@ def profile_decode_step(engine) -> dict[str, float]:  # type: ignore[no-untyped-
     engine.add_request("prof", list(range(1000, 2024)), SamplingParams(temperature=0, max_tokens=40, ignore_eos=True))
     for _ in range(30):
         engine.step()
-    runner, graphs = engine.runner, engine.runner.graphs
-    engine.runner.graphs = None  # profile the eager kernels; the graph replays the same ones
+    runner, graphs, mixed = engine.runner, engine.runner.graphs, engine.runner.mixed
+    runner.graphs = runner.mixed = None  # profile the eager kernels; the decode graph replays the same ones
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
         engine.step()
         torch.cuda.synchronize()
-    runner.graphs = graphs
+    runner.graphs, runner.mixed = graphs, mixed
     while engine.has_unfinished():
         engine.step()
     buckets: dict[str, float] = defaultdict(float)

@@ -66,8 +66,29 @@ def bench_router(t: int, e: int) -> tuple[float, float]:
     return us(lambda: route_triton(x, w, b, TOP_K)), us(lambda: route_reference(x, w, b, TOP_K))
 
 
+def bench_sampler(b: int, vocab: int = 201088) -> tuple[float, float]:
+    """Temperature-1 sampling of b rows (the serving benchmark's default): the fused Gumbel-max
+    kernel against the PyTorch race the Sampler runs otherwise (reference_ops forces it)."""
+    from osserve.engine.sampler import Sampler, SamplingBatch
+    from osserve.engine.sampling_params import SamplingParams
+    from osserve.ops.dispatch import reference_ops
+
+    logits = torch.randn(b, vocab, device="cuda")
+    batch = SamplingBatch.build([SamplingParams(temperature=1.0)] * b, [[1]] * b, [[]] * b, [None] * b,
+                                torch.device("cuda"), vocab)
+    sampler = Sampler()
+
+    def torch_path() -> None:
+        with reference_ops():
+            sampler.sample(logits, batch)
+
+    return us(lambda: sampler.sample(logits, batch)), us(torch_path)
+
+
 def main() -> None:
     rows: list[tuple[str, int, float, float]] = []
+    for b in (1, 32, 224):
+        rows.append(("sampling T=1, vocab 201k", b, *bench_sampler(b)))
     for t in TOKENS:
         rows.append(("add+rmsnorm", t, *bench_norm(t)))
         rows.append(("rope+kv write", t, *bench_rope(t)))

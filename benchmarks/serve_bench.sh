@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # The serving stress test on the lent GPU: starts `osserve serve` with random weights of the real
 # shapes, runs the field's published workload with `osserve bench serve`, then a concurrency sweep.
-#   [GPU_UTIL=0.97] [MAX_SEQS=256] [SWEEP=0] [SERVER_ARGS="--admission-delay-ms 50"] [TAG=x] bash benchmarks/serve_bench.sh PRESET MAX_TOKENS [NUM_REQUESTS]  (carry .whl)
+#   [GPU_UTIL=0.97] [MAX_SEQS=256] [SWEEP=0] [SERVER_ARGS="--admission-delay-ms 50"] [TAG=x] [SERVER_TREE=dir] bash benchmarks/serve_bench.sh PRESET MAX_TOKENS [NUM_REQUESTS]  (carry .whl)
 set -u
 PRESET=${1:-20b}; MAX_TOKENS=${2:-256}; N=${3:-2000}
 source benchmarks/gpu_env.sh
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-python3 -m osserve.cli serve --load-format dummy --preset "$PRESET" --port 8000 --max-num-seqs "${MAX_SEQS:-256}" \
+# SERVER_TREE: serve another checkout's code (e.g. `git archive OLD | tar -x -C /tmp/old`) with this
+# checkout's load generator: a same-machine comparison across commits.
+PYTHONPATH="${SERVER_TREE:-$PWD}:/tmp/site" python3 -m osserve.cli serve --load-format dummy --preset "$PRESET" --port 8000 --max-num-seqs "${MAX_SEQS:-256}" \
     --max-model-len 4096 --max-num-batched-tokens 8192 --gpu-memory-utilization "${GPU_UTIL:-0.90}" \
     ${SERVER_ARGS:-} > "$OUT/server-$PRESET${TAG:-}.log" 2>&1 &
 SERVER=$!
