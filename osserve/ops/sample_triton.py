@@ -15,24 +15,27 @@ import torch
 import triton
 import triton.language as tl
 
-BLOCK = 2048
+BLOCK = 2048  # tokens per loop step of a program
 
 
 @triton.jit
-def _gumbel_argmax_kernel(logits_ptr, temp_ptr, seed_ptr, out_ptr, vocab, stride_row,
-                          BLOCK: tl.constexpr):  # noqa: ANN001
+def _gumbel_argmax_kernel(logits_ptr, temp_ptr, seed_ptr, part_val_ptr, part_id_ptr, vocab, stride_row,
+                          per_split, num_splits, BLOCK: tl.constexpr):  # noqa: ANN001
     row = tl.program_id(0)
+    split = tl.program_id(1)
     temp = tl.load(temp_ptr + row)
     greedy = temp <= 0.0
     inv_temp = 1.0 / tl.where(greedy, 1.0, temp)
     seed = tl.load(seed_ptr + row)
     best = tl.full([BLOCK], float("-inf"), dtype=tl.float32)
     best_id = tl.zeros([BLOCK], dtype=tl.int32)
-    for start in range(0, vocab, BLOCK):
+    lo = split * per_split
+    hi = tl.minimum(lo + per_split, vocab)
+    for start in range(lo, hi, BLOCK):
         cols = start + tl.arange(0, BLOCK)
-        ok = cols < vocab
+        ok = cols < hi
         z = tl.load(logits_ptr + row.to(tl.int64) * stride_row + cols, mask=ok, other=float("-inf")).to(tl.float32)
-        u = tl.rand(seed, cols)  # uniform in [0, 1), the stream of (seed, token id)
+        u = tl.rand(seed, cols)  # uniform in [0, 1), the stream of (seed, token id): splits do not matter
         gumbel = -tl.log(-tl.log(u))  # u = 0 gives -inf: that token cannot win
         score = tl.where(greedy, z, z * inv_temp + gumbel)
         score = tl.where(ok, score, float("-inf"))
@@ -41,16 +44,31 @@ def _gumbel_argmax_kernel(logits_ptr, temp_ptr, seed_ptr, out_ptr, vocab, stride
         best_id = tl.where(better, cols, best_id)
     top = tl.max(best, axis=0)
     chosen = tl.min(tl.where(best == top, best_id, vocab), axis=0)
-    tl.store(out_ptr + row, chosen.to(tl.int64))
+    tl.store(part_val_ptr + row * num_splits + split, top)
+    tl.store(part_id_ptr + row * num_splits + split, chosen.to(tl.int64))
 
 
-def gumbel_argmax_triton(logits: torch.Tensor, temperature: torch.Tensor, seeds: torch.Tensor) -> torch.Tensor:
+def gumbel_argmax_triton(logits: torch.Tensor, temperature: torch.Tensor, seeds: torch.Tensor,
+                         num_splits: int | None = None) -> torch.Tensor:
     """Token ids [B] int64: row i sampled from softmax(logits[i] / temperature[i]) with the noise of
-    seeds[i] (int64), or its argmax where temperature[i] <= 0."""
+    seeds[i] (int64), or its argmax where temperature[i] <= 0. Each row's vocabulary is split over
+    num_splits programs (default: enough for ~4 programs per SM), whose winners a last argmax
+    compares (the first, lowest-id split wins a tie); the draws do not depend on the split."""
     b, vocab = logits.shape
     assert logits.stride(1) == 1 and temperature.shape == (b,) and seeds.shape == (b,)
-    out = torch.empty(b, dtype=torch.int64, device=logits.device)
-    if b:
-        _gumbel_argmax_kernel[(b,)](logits, temperature, seeds, out, vocab, logits.stride(0), BLOCK=BLOCK,
-                                    num_warps=8)
-    return out
+    blocks = triton.cdiv(vocab, BLOCK)
+    if num_splits is None:
+        sms = torch.cuda.get_device_properties(logits.device).multi_processor_count if logits.is_cuda else 1
+        num_splits = triton.cdiv(4 * sms, max(b, 1))
+    num_splits = max(1, min(num_splits, blocks))
+    per_split = triton.cdiv(blocks, num_splits) * BLOCK
+    num_splits = triton.cdiv(vocab, per_split)
+    part_val = torch.empty(b, num_splits, dtype=torch.float32, device=logits.device)
+    part_id = torch.empty(b, num_splits, dtype=torch.int64, device=logits.device)
+    if b == 0:
+        return part_id[:, 0]
+    _gumbel_argmax_kernel[(b, num_splits)](logits, temperature, seeds, part_val, part_id, vocab, logits.stride(0),
+                                           per_split, num_splits, BLOCK=BLOCK, num_warps=8)
+    if num_splits == 1:
+        return part_id[:, 0]
+    return part_id.gather(1, part_val.argmax(1, keepdim=True))[:, 0]

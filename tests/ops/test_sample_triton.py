@@ -36,3 +36,13 @@ def test_a_rows_draw_depends_on_its_seed_only() -> None:
     assert batch.tolist() == alone
     other = gumbel_argmax_triton(z, temp, seeds + 1)
     assert other[2] == batch[2] and not torch.equal(other, batch)  # greedy row unmoved; the rest redrawn
+
+
+def test_splitting_the_vocabulary_changes_no_draw() -> None:
+    """Programs over parts of a row (splits) draw the same noise per token id: same winners."""
+    g = torch.Generator().manual_seed(2)
+    z = torch.randn(3, 5000, generator=g)
+    z[2, 100] = z[2, 4000] = 50.0  # a tie across splits, greedy: the lower id wins
+    temp, seeds = torch.tensor([1.0, 0.3, 0.0]), torch.randint(0, 2**62, (3,), generator=g)
+    one = gumbel_argmax_triton(z, temp, seeds, num_splits=1)
+    assert torch.equal(gumbel_argmax_triton(z, temp, seeds, num_splits=3), one) and one[2] == 100
