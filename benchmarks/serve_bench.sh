@@ -6,11 +6,12 @@ set -u
 PRESET=${1:-20b}; MAX_TOKENS=${2:-256}; N=${3:-2000}
 source benchmarks/gpu_env.sh
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-# SERVER_TREE: serve another checkout's code (e.g. `git archive OLD | tar -x -C /tmp/old`) with this
-# checkout's load generator: a same-machine comparison across commits.
-PYTHONPATH="${SERVER_TREE:-$PWD}:/tmp/site" python3 -m osserve.cli serve --load-format dummy --preset "$PRESET" --port 8000 --max-num-seqs "${MAX_SEQS:-256}" \
+# SERVER_TREE: serve another checkout's code (e.g. `git archive OLD | tar -x -C old-OLD`) with this
+# checkout's load generator: a same-machine comparison across commits. The server starts inside
+# that tree (`python3 -m` puts the working directory first on sys.path).
+(cd "${SERVER_TREE:-.}" && PYTHONPATH="$PWD:/tmp/site" exec python3 -m osserve.cli serve --load-format dummy --preset "$PRESET" --port 8000 --max-num-seqs "${MAX_SEQS:-256}" \
     --max-model-len 4096 --max-num-batched-tokens 8192 --gpu-memory-utilization "${GPU_UTIL:-0.90}" \
-    ${SERVER_ARGS:-} > "$OUT/server-$PRESET${TAG:-}.log" 2>&1 &
+    ${SERVER_ARGS:-}) > "$OUT/server-$PRESET${TAG:-}.log" 2>&1 &
 SERVER=$!
 for _ in $(seq 1 300); do
     curl -sf http://127.0.0.1:8000/health >/dev/null && break
