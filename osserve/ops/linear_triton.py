@@ -1,15 +1,16 @@
 """Small-batch linear layer: out[M, N] = x[M, K] · W[N, K]ᵀ + b, for M <= MAX_TOKENS (decode).
 
-At decode a projection reads its whole weight for a handful of rows, so it is a matrix-vector
-product bound by memory bandwidth. cuBLAS reached ~1.2 TB/s on gpt-oss's attention projections at
-batch 1 (H100, profiler: 44 µs per layer for 53 MB); what it lacks is enough bytes in flight
-across the SMs for a 5120 × 2880 weight. Here each program owns BLOCK_N weight rows and the whole
-K, so a [5120, 2880] weight is 320 programs streaming 16-byte rows through a pipelined loop.
+At decode a projection reads its whole weight for a handful of rows: a matrix-vector product
+bound by memory bandwidth. On the H100 (benchmarks/bench_linear.py) cuBLAS took 14.5 µs for the
+o projection's 23.6 MB at batch 1 (1.6 TB/s) and 420 µs for lm_head's 1.16 GB; this kernel 12.4
+µs, and 394 µs for lm_head (that one measured with BLOCK_N 16, BLOCK_K 256). Most of the decode
+projections' gain came from fusing q, k and v into one GEMM (model/gpt_oss.py): 26.4 -> 13.7 µs
+per layer with cuBLAS alone.
 
-The product is computed "swapped": acc[BLOCK_N, BLOCK_M] = W_tile · x_tileᵀ, the weight rows as
-the MMA's M dimension (16 of them fill one mma.sync), the few tokens as its N (masked past M).
-So the tensor cores do not compute 16 token rows per real one in the way that matters: no
-weight tile is ever loaded twice, and the x tile is a few KB in L1.
+Each program owns BLOCK_N weight rows and the whole K, streamed through a pipelined loop. The
+product is computed "swapped": acc[BLOCK_N, BLOCK_M] = W_tile · x_tileᵀ, the weight rows as the
+MMA's M dimension, the few tokens as its N (masked past M): no weight tile is loaded twice, and
+the x tile is a few KB that stay in L1.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ class LinearConfig:
     num_stages: int
 
 
-# The best all-round config of the H100 sweep (bench_linear.py --sweep, 2026-11-23): within 0.6 µs
+# The best all-round config of the H100 sweep (bench_linear.py --sweep, 2026-11-23): within 0.7 µs
 # of each shape's best at 1 and 32 rows for the fused qkv [5120, 2880] and o [2880, 4096] weights.
 DEFAULT_CONFIG = LinearConfig(block_n=64, block_k=128, num_warps=4, num_stages=5)
 SHARED_MEMORY_BUDGET = 200_000  # bytes of pipelined tiles; an H100 SM has 227 KB

@@ -41,9 +41,9 @@ class _Guard:
     """API key (401) and request body size (413) before any route runs.
 
     A plain ASGI middleware, not Starlette's BaseHTTPMiddleware: that one passes every chunk of a
-    streamed response through a memory stream and a task switch, which was a third of the HTTP
-    process's time at 256 streams (benchmarks/profile_http.py). Here a request that passes is
-    handed on untouched."""
+    streamed response through a memory stream and a task switch: removing it halved the HTTP
+    process's CPU time per streamed token at 256 streams (benchmarks/profile_http.py, 0.128 ->
+    0.062 ms under cProfile). Here a request that passes is handed on untouched."""
 
     def __init__(self, app: ASGIApp, config: ServerConfig) -> None:
         self.app = app
