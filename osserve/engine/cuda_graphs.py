@@ -14,6 +14,7 @@ import bisect
 import logging
 import math
 from collections.abc import Callable
+from functools import partial
 from itertools import chain
 from typing import Any
 
@@ -45,7 +46,6 @@ class DecodeGraphs:
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.outputs: dict[int, torch.Tensor] = {}
         self.pool: Any = None
-        self.pin = dev.type == "cuda"  # CPU buffers (the host-only profile) take the arrays as they are
 
     def _meta(self, b: int) -> AttentionMetadata:
         return AttentionMetadata(
@@ -59,14 +59,9 @@ class DecodeGraphs:
         pool = None
         for b in reversed(self.sizes):
             meta = self._meta(b)
-            for _ in range(2):  # compile the Triton kernels and settle the allocator first
-                self.model(self.input_ids[:b], self.positions[:b], meta, self.kv_caches)
-            torch.cuda.synchronize()
-            g = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(g, pool=pool):
-                self.outputs[b] = self.model(self.input_ids[:b], self.positions[:b], meta, self.kv_caches)
-            pool = g.pool() if pool is None else pool
-            self.graphs[b] = g
+            self.graphs[b], self.outputs[b] = capture_graph(
+                partial(self.model, self.input_ids[:b], self.positions[:b], meta, self.kv_caches), pool)
+            pool = self.graphs[b].pool() if pool is None else pool
         self.pool = pool  # the mixed-step graphs (engine/mixed_graphs.py) share it
         log.info("captured decode CUDA graphs for batch sizes %s", self.sizes)
 
@@ -80,32 +75,52 @@ class DecodeGraphs:
         tokens still on the device into the step's input ids (async scheduling)."""
         n = len(input_ids)
         b = self.sizes[bisect.bisect_left(self.sizes, n)]
-        bs = self.block_size
-
-        def host(values: np.ndarray) -> torch.Tensor:
-            # Pinned: a copy from pageable memory would make the host wait for the GPU's queue.
-            t = torch.from_numpy(values)
-            return t.pin_memory() if self.pin else t
-
-        def put(dst: torch.Tensor, values: np.ndarray) -> None:
-            dst[:b].copy_(host(values), non_blocking=True)
-
         # Host-side work is the step's budget at large batches: build with numpy, copy once each.
         pos = np.asarray(positions, dtype=np.int64)
-        put(self.input_ids, _padded(input_ids, b, 0, np.int64))
+        copy_in(self.input_ids, padded(input_ids, b, 0, np.int64))
         if fill_pending is not None:
             fill_pending(self.input_ids[:n])
-        put(self.positions, _padded(positions, b, 0, np.int64))
-        put(self.seq_lens, _padded(seq_lens, b, 0, np.int32))
+        copy_in(self.positions, padded(positions, b, 0, np.int64))
+        copy_in(self.seq_lens, padded(seq_lens, b, 0, np.int32))
         for g in self.groups:
             rows = block_table_array(tables[g], b)
-            width = rows.shape[1]
-            blocks = rows[np.arange(n), pos // bs].astype(np.int64)
-            put(self.slots[g], _padded(blocks * bs + pos % bs, b, -1, np.int64))
-            self.tables[g][:b, :width].copy_(host(rows), non_blocking=True)
-            self.tables[g][:b, width:].fill_(-1)
+            copy_in(self.slots[g], padded(slot_mapping(rows, np.arange(n), pos, self.block_size), b, -1, np.int64))
+            write_tables(self.tables[g], rows)
         self.graphs[b].replay()
         return self.outputs[b][:n]
+
+
+def capture_graph(forward: Callable[[], torch.Tensor], pool: Any) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
+    """(graph, its output): `forward` run twice (to compile the Triton kernels and settle the
+    allocator), then captured into the memory pool `pool` (None: a new one)."""
+    for _ in range(2):
+        forward()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, pool=pool):
+        out = forward()
+    return graph, out
+
+
+def copy_in(dst: torch.Tensor, values: np.ndarray) -> None:
+    """dst[:len(values)] = values without waiting for the device. Pinned on a GPU: a copy from
+    pageable memory would make the host wait for the GPU's queue. CPU buffers (the host-only
+    profile) take the array as it is."""
+    host = torch.from_numpy(values)
+    dst[: len(values)].copy_(host.pin_memory() if dst.is_cuda else host, non_blocking=True)
+
+
+def write_tables(dst: torch.Tensor, rows: np.ndarray) -> None:
+    """The block-table rows [n, width] into dst's first n rows; -1 past width (what an earlier,
+    wider step left there)."""
+    width = rows.shape[1]
+    copy_in(dst[:, :width], rows)
+    dst[: len(rows), width:].fill_(-1)
+
+
+def slot_mapping(rows: np.ndarray, seq_of_token: np.ndarray, pos: np.ndarray, block_size: int) -> np.ndarray:
+    """Each token's KV slot: its sequence's block for its position (rows from block_table_array)."""
+    return rows[seq_of_token, pos // block_size].astype(np.int64) * block_size + pos % block_size
 
 
 def block_table_array(tables: list[list[int]], num_rows: int) -> np.ndarray:
@@ -120,7 +135,8 @@ def block_table_array(tables: list[list[int]], num_rows: int) -> np.ndarray:
     return rows
 
 
-def _padded(values: object, size: int, pad: int, dtype: type) -> np.ndarray:
+def padded(values: object, size: int, pad: int, dtype: type) -> np.ndarray:
+    """values, then `pad` up to `size` entries."""
     out: np.ndarray = np.full(size, pad, dtype=dtype)
     vals: np.ndarray = np.asarray(values, dtype=dtype)
     out[: len(vals)] = vals

@@ -22,12 +22,13 @@ import bisect
 import logging
 import math
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import numpy as np
 import torch
 
-from osserve.engine.cuda_graphs import _padded, block_table_array
+from osserve.engine.cuda_graphs import block_table_array, capture_graph, copy_in, padded, slot_mapping, write_tables
 from osserve.model.gpt_oss import GptOssForCausalLM, KVCache
 from osserve.ops.attention import AttentionMetadata, BlockTables
 
@@ -91,14 +92,9 @@ class MixedGraphs:
             self.query_start_loc.copy_(torch.from_numpy(starts))
             self.seq_lens.copy_(torch.from_numpy(lens))
             meta = self._meta(t, q)
-            for _ in range(2):  # compile the Triton kernels and settle the allocator first
-                self.model(self.input_ids[:t], self.positions[:t], meta, self.kv_caches)
-            torch.cuda.synchronize()
-            g = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(g, pool=pool):
-                self.outputs[(t, q)] = self.model(self.input_ids[:t], self.positions[:t], meta, self.kv_caches)
-            pool = g.pool() if pool is None else pool
-            self.graphs[(t, q)] = g
+            self.graphs[(t, q)], self.outputs[(t, q)] = capture_graph(
+                partial(self.model, self.input_ids[:t], self.positions[:t], meta, self.kv_caches), pool)
+            pool = self.graphs[(t, q)].pool() if pool is None else pool
         log.info("captured mixed-step CUDA graphs for (tokens, longest query) %s", self.keys)
 
     def shape_for(self, query_lens: list[int]) -> tuple[int, int] | None:
@@ -116,7 +112,6 @@ class MixedGraphs:
         """Hidden states [T, hidden] of the step (rows past the real tokens are padding).
         fill_pending(ids) writes the tokens still on the device into the real input ids."""
         t, q = shape
-        bs = self.block_size
         query_lens = [len(x) for x in token_ids]
         seq_lens = [s + n for s, n in zip(start_pos, query_lens, strict=True)]
         n = sum(query_lens)
@@ -124,23 +119,16 @@ class MixedGraphs:
         pos = np.concatenate([np.arange(s, e, dtype=np.int64) for s, e in zip(start_pos, seq_lens, strict=True)])
         starts, lens = sequence_layout(query_lens, seq_lens, t, q, self.num_seqs)
 
-        def put(dst: torch.Tensor, values: np.ndarray) -> None:
-            # Pinned: a copy from pageable memory would make the host wait for the GPU's queue.
-            dst[: len(values)].copy_(torch.from_numpy(values).pin_memory(), non_blocking=True)
-
-        put(self.input_ids, _padded(ids, t, 0, np.int64))
+        copy_in(self.input_ids, padded(ids, t, 0, np.int64))
         if fill_pending is not None:
             fill_pending(self.input_ids[:n])
-        put(self.positions, _padded(pos, t, 0, np.int64))
-        put(self.query_start_loc, starts)
-        put(self.seq_lens, lens)
+        copy_in(self.positions, padded(pos, t, 0, np.int64))
+        copy_in(self.query_start_loc, starts)
+        copy_in(self.seq_lens, lens)
         seq_of_token = np.repeat(np.arange(len(query_lens)), query_lens)
         for g in self.groups:
             rows = block_table_array(tables[g], len(query_lens))
-            put(self.slots[g], _padded(rows[seq_of_token, pos // bs].astype(np.int64) * bs + pos % bs, t, -1,
-                                       np.int64))
-            width = rows.shape[1]
-            self.tables[g][: len(query_lens), :width].copy_(torch.from_numpy(rows).pin_memory(), non_blocking=True)
-            self.tables[g][: len(query_lens), width:].fill_(-1)
+            copy_in(self.slots[g], padded(slot_mapping(rows, seq_of_token, pos, self.block_size), t, -1, np.int64))
+            write_tables(self.tables[g], rows)
         self.graphs[shape].replay()
         return self.outputs[shape]

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from osserve.engine.cuda_graphs import DecodeGraphs, block_table_array
+from osserve.engine.cuda_graphs import DecodeGraphs, block_table_array, slot_mapping
 from osserve.engine.mixed_graphs import MixedGraphs
 from osserve.model.gpt_oss import GptOssForCausalLM, KVCache
 from osserve.ops.attention import AttentionMetadata, BlockTables
@@ -68,7 +68,6 @@ class ModelRunner:
         return (t.pin_memory() if self.pin else t).to(self.device, non_blocking=True)
 
     def prepare(self, entries: list[BatchEntry]) -> ModelInput:
-        bs = self.block_size
         query_lens = [len(e.token_ids) for e in entries]
         seq_lens = [e.start_pos + n for e, n in zip(entries, query_lens, strict=True)]
         ids = np.fromiter((t for e in entries for t in e.token_ids), dtype=np.int64, count=sum(query_lens))
@@ -76,12 +75,11 @@ class ModelRunner:
                                                                                            strict=True)])
         starts = np.zeros(len(entries) + 1, dtype=np.int32)
         np.cumsum(query_lens, out=starts[1:])
-        sample_rows = (starts[1:] - 1)[[e.sample for e in entries]].astype(np.int64)
         tables: dict[str, BlockTables] = {}
+        seq_of_token = np.repeat(np.arange(len(entries)), query_lens)
         for g in entries[0].block_tables if entries else []:
             rows = block_table_array([e.block_tables[g] for e in entries], len(entries))
-            seq_of_token = np.repeat(np.arange(len(entries)), query_lens)
-            slots = rows[seq_of_token, pos // bs].astype(np.int64) * bs + pos % bs
+            slots = slot_mapping(rows, seq_of_token, pos, self.block_size)
             tables[g] = BlockTables(block_tables=self._to_device(rows), slot_mapping=self._to_device(slots))
         meta = AttentionMetadata(
             query_start_loc=self._to_device(starts),
@@ -91,7 +89,7 @@ class ModelRunner:
             groups=tables,
         )
         return ModelInput(input_ids=self._to_device(ids), positions=self._to_device(pos), meta=meta,
-                          sample_rows=self._to_device(sample_rows))
+                          sample_rows=self._to_device(sample_rows(entries, query_lens)))
 
     def fill_pending(self, input_ids: torch.Tensor, entries: list[BatchEntry], prev_tokens: torch.Tensor | None,
                      ) -> None:
@@ -122,18 +120,23 @@ class ModelRunner:
                 fill_pending=lambda ids: self.fill_pending(ids, entries, prev_tokens),
             )
             return self.model.compute_logits(hidden)
-        shape = self.mixed.shape_for([len(e.token_ids) for e in entries]) if self.mixed is not None else None
-        if shape is not None:
-            assert self.mixed is not None
-            hidden = self.mixed.run(
-                [e.token_ids for e in entries], [e.start_pos for e in entries],
-                {g: [e.block_tables[g] for e in entries] for g in entries[0].block_tables}, shape,
-                fill_pending=lambda ids: self.fill_pending(ids, entries, prev_tokens),
-            )
-            ends = np.cumsum(np.fromiter((len(e.token_ids) for e in entries), dtype=np.int64, count=len(entries))) - 1
-            sample = np.fromiter((e.sample for e in entries), dtype=bool, count=len(entries))
-            return self.model.compute_logits(hidden[self._to_device(ends[sample])])
+        if self.mixed is not None:
+            query_lens = [len(e.token_ids) for e in entries]
+            shape = self.mixed.shape_for(query_lens)
+            if shape is not None:
+                hidden = self.mixed.run(
+                    [e.token_ids for e in entries], [e.start_pos for e in entries],
+                    {g: [e.block_tables[g] for e in entries] for g in entries[0].block_tables}, shape,
+                    fill_pending=lambda ids: self.fill_pending(ids, entries, prev_tokens),
+                )
+                return self.model.compute_logits(hidden[self._to_device(sample_rows(entries, query_lens))])
         inp = self.prepare(entries)
         self.fill_pending(inp.input_ids, entries, prev_tokens)
         hidden = self.model(inp.input_ids, inp.positions, inp.meta, self.kv_caches)
         return self.model.compute_logits(hidden[inp.sample_rows])
+
+
+def sample_rows(entries: list[BatchEntry], query_lens: list[int]) -> np.ndarray:
+    """int64 rows of the flat batch whose logits are wanted: each sampling entry's last token."""
+    ends = np.cumsum(query_lens, dtype=np.int64) - 1
+    return ends[np.fromiter((e.sample for e in entries), dtype=bool, count=len(entries))]
