@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
 from osserve.engine.engine import LLMEngine
-from osserve.engine.outputs import CompletionDelta, EngineClient, EngineStats, coalesce, error_delta
+from osserve.engine.outputs import CompletionDelta, EngineClient, EngineStats, Queues, coalesce, deliver, error_delta
 from osserve.engine.sampling_params import SamplingParams
 from osserve.errors import EngineDeadError, OsserveError, OverloadedError
 
@@ -33,7 +33,7 @@ class AsyncEngine:
         self.engine = engine
         self.max_waiting = max_waiting or engine.scheduler_config.max_waiting
         self._inbox = _Inbox()
-        self._queues: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue[CompletionDelta]]] = {}
+        self._queues: Queues = {}
         self._stop = threading.Event()
         self._dead: str | None = None
         self._thread = threading.Thread(target=self._loop, name="osserve-engine", daemon=True)
@@ -92,16 +92,6 @@ class AsyncEngine:
         self._thread.join(timeout=10)
 
     # ------------------------------------------------------------------ the engine thread
-    def _deliver(self, deltas: list[CompletionDelta]) -> None:
-        for d in deltas:
-            target = self._queues.get(d.request_id)
-            if target is None:
-                continue
-            loop, queue = target
-            if d.finished:
-                self._queues.pop(d.request_id, None)
-            loop.call_soon_threadsafe(queue.put_nowait, d)
-
     def _loop(self) -> None:
         try:
             while not self._stop.is_set():
@@ -123,14 +113,14 @@ class AsyncEngine:
                     profile = self.engine.profile
                     if profile.steps and profile.steps % profile.every == 0:
                         log.info("engine: %s", profile.summary())
-                self._deliver(deltas)
+                deliver(self._queues, deltas)
                 if not busy:
                     self._inbox.wake.wait(timeout=0.5)
         except Exception as e:  # the loop must never die silently: fail every open request
             log.exception("engine step loop failed")
             self._dead = repr(e)
             failed = [error_delta(rid, self._dead) for rid in list(self._queues)]
-            self._deliver(failed)
+            deliver(self._queues, failed)
 
 
 def build_async_engine(args) -> EngineClient:  # type: ignore[no-untyped-def]

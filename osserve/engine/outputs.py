@@ -71,6 +71,41 @@ def coalesce(first: CompletionDelta, queue: asyncio.Queue[Any]) -> CompletionDel
     return out
 
 
+class RequestNews(Protocol):
+    """What the engine hands a request's queue: a delta, or (engine/process_engine.py) a rejection."""
+
+    request_id: str
+
+    @property
+    def finished(self) -> bool: ...
+
+
+Queues = dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue[Any]]]  # request id -> its loop and queue
+
+
+def deliver(queues: Queues, items: list[Any]) -> None:
+    """From the engine's thread: hand each item (a RequestNews) to its request's queue, waking
+    each event loop once for the lot. Each call_soon_threadsafe writes to the loop's wake-up
+    pipe: once per request was 229 writes per step at 256 streams. A finished item is its
+    request's last, and the request leaves `queues`."""
+    by_loop: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Queue[Any], Any]]] = {}
+    for item in items:
+        target = queues.get(item.request_id)
+        if target is None:
+            continue
+        loop, queue = target
+        if item.finished:
+            queues.pop(item.request_id, None)
+        by_loop.setdefault(loop, []).append((queue, item))
+    for loop, pairs in by_loop.items():
+        loop.call_soon_threadsafe(_put_all, pairs)
+
+
+def _put_all(pairs: list[tuple[asyncio.Queue[Any], Any]]) -> None:
+    for queue, item in pairs:
+        queue.put_nowait(item)
+
+
 @dataclass
 class RequestOutput:
     """A finished request (LLM.generate's result): ids and text of the whole output."""

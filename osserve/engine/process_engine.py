@@ -25,7 +25,7 @@ from typing import Any
 
 from osserve import errors
 from osserve.engine.load import EngineArgs
-from osserve.engine.outputs import CompletionDelta, EngineStats, coalesce, error_delta
+from osserve.engine.outputs import CompletionDelta, EngineStats, Queues, coalesce, deliver, error_delta
 from osserve.engine.sampling_params import SamplingParams
 from osserve.errors import EngineDeadError, OsserveError, OverloadedError
 from osserve.tokenizer import load_tokenizer
@@ -41,6 +41,10 @@ class _Rejected:
     kind: str
     message: str
     param: str | None
+
+    @property
+    def finished(self) -> bool:
+        return True  # the request's last word: it leaves the queues (outputs.deliver)
 
 
 # A step's outputs as they go up the pipe. Most deltas are plain (a token or so of a request that
@@ -145,7 +149,7 @@ class ProcessEngine:
         self.max_waiting = max_waiting or info["max_waiting"]
         self._tokenizer = load_tokenizer()
         self._send_lock = threading.Lock()
-        self._queues: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue[Any]]] = {}
+        self._queues: Queues = {}
         self._stats = EngineStats()
         self._dead: str | None = None
         self._reader = threading.Thread(target=self._read_loop, name="osserve-engine-reader", daemon=True)
@@ -210,22 +214,6 @@ class ProcessEngine:
             if self._proc.is_alive():
                 self._proc.terminate()
 
-    def _deliver(self, items: list[CompletionDelta | _Rejected]) -> None:
-        """Hand each item to its request's queue, waking each event loop once for the lot (each
-        call_soon_threadsafe writes to the loop's wake-up pipe: once per request was 229 writes
-        per step)."""
-        by_loop: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Queue[Any], Any]]] = {}
-        for item in items:
-            target = self._queues.get(item.request_id)
-            if target is None:
-                continue
-            loop, queue = target
-            if isinstance(item, _Rejected) or item.finished:
-                self._queues.pop(item.request_id, None)
-            by_loop.setdefault(loop, []).append((queue, item))
-        for loop, pairs in by_loop.items():
-            loop.call_soon_threadsafe(_put_all, pairs)
-
     def _read_loop(self) -> None:
         try:
             while True:
@@ -234,13 +222,10 @@ class ProcessEngine:
                     self._dead = msg[1]
                     break
                 _, out, self._stats = msg
-                self._deliver([unpack_output(item) for item in out])
+                deliver(self._queues, [unpack_output(item) for item in out])
         except (EOFError, OSError) as e:
             self._dead = self._dead or f"the engine process exited ({e!r})"
         # Fail every open request: the engine cannot finish them any more.
-        self._deliver([error_delta(rid, self._dead or "the engine process exited") for rid in list(self._queues)])
+        reason = self._dead or "the engine process exited"
+        deliver(self._queues, [error_delta(rid, reason) for rid in list(self._queues)])
 
-
-def _put_all(pairs: list[tuple[asyncio.Queue[Any], Any]]) -> None:
-    for queue, item in pairs:
-        queue.put_nowait(item)
