@@ -6,8 +6,9 @@ load generator sat at 90-100% of a core: its own lag was being measured as the s
 ITL. So `--workers N` runs N processes; worker w sends requests w, w+N, w+2N, ... with its share
 of the concurrency (and of --request-rate: the sum of N Poisson streams is one Poisson stream).
 Every worker counts its times from the parent's start (time.perf_counter is the system's
-monotonic clock on Linux and macOS, shared by processes), and each finished request comes back
-at once, so the parent's progress bar and records are the same as one process's.
+monotonic clock on Linux and macOS, shared by processes) and reports each request as it finishes
+(the parent's progress bar), then its records when it ends: the parent's records, in submission
+order, are what one process's would be.
 """
 
 from __future__ import annotations

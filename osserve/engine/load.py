@@ -114,9 +114,9 @@ def build_engine(args: EngineArgs) -> LLMEngine:
         # Hand the freed checkpoint-layout tensors and load temporaries back to the driver, so the
         # KV budget below (read from the driver's free memory) sees them as free.
         torch.cuda.empty_cache()
-    # After the experts' re-layout, then back to the driver: the separate q/k/v tensors it frees
-    # are whole allocator segments only then (fused first, they stayed cached: 1.2 GiB less KV
-    # cache for the 120b).
+    # After the experts' re-layout, then the freed q/k/v tensors back to the driver. Fused before
+    # the re-layout, they stayed with the allocator: the 120b's KV plan at 0.97 fell from 151k to
+    # 110k tokens (6.92 -> 5.48 GiB).
     model.fuse_qkv()
     if device.type == "cuda":
         torch.cuda.empty_cache()
