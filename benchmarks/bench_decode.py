@@ -76,8 +76,11 @@ def moe_bandwidth(name: str) -> dict[str, float]:
     torch.manual_seed(0)
     layers = [random_experts(cfg.num_local_experts, cfg.hidden_size, cfg.intermediate_size, "cuda")
               for _ in range(4)]  # rotate 4 layers' weights so L2 does not hold them
+    from osserve.ops import moe_gluon
+
+    fragments = moe_gluon.supported(torch.device("cuda"), cfg.hidden_size, cfg.intermediate_size)
     for ex in layers:
-        ex.prepare(keep_original=False)
+        ex.prepare(keep_original=False, fragments=fragments)
     per_expert = 3 * cfg.hidden_size * cfg.intermediate_size * (0.5 + 1 / 32)
     out = {}
     for t in (1, 32):
@@ -96,7 +99,8 @@ def moe_bandwidth(name: str) -> dict[str, float]:
 
 AB_VARIANTS = {"router": ("cublas-router", "fused-router"), "moe": ("token-tiled-moe", "swapped-moe"),
                "async": ("sync-steps", "async-steps"), "kernel": ("baseline-moe-kernel", "current-moe-kernel"),
-               "linear": ("cublas-qkv-apart", "fused-qkv-small-m")}
+               "linear": ("cublas-qkv-apart", "fused-qkv-small-m"),
+               "gluon": ("triton-swapped-moe", "gluon-moe")}
 
 
 def set_variant(variant: str, baseline_path: str | None) -> None:
@@ -104,6 +108,7 @@ def set_variant(variant: str, baseline_path: str | None) -> None:
     baseline-moe-kernel runs an older moe_swapped.py (bench_moe_decode.load_baseline) on
     row-major scales in place of the current swapped kernel."""
     import osserve.ops.linear_triton as linear_triton
+    import osserve.ops.moe_gluon as moe_gluon
     import osserve.ops.moe_swapped as moe_swapped
     import osserve.ops.moe_triton as moe_triton
     import osserve.ops.router_gemm_triton as fused_router
@@ -114,6 +119,9 @@ def set_variant(variant: str, baseline_path: str | None) -> None:
     linear_triton.MAX_TOKENS = 0 if variant == "cublas-qkv-apart" else 32
     fuse = CURRENT.setdefault("fuse", (GptOssForCausalLM.fuse_qkv,))[0]
     GptOssForCausalLM.fuse_qkv = (lambda self: None) if variant == "cublas-qkv-apart" else fuse  # type: ignore[method-assign]
+    supported = CURRENT.setdefault("gluon", (moe_gluon.supported,))[0]
+    triton_moe = variant in ("triton-swapped-moe", *AB_VARIANTS["moe"], *AB_VARIANTS["kernel"])  # the older A/Bs
+    moe_gluon.supported = (lambda *a: False) if triton_moe else supported  # type: ignore[assignment]
     current = CURRENT.setdefault("kernel", (moe_swapped.fused_moe_swapped, moe_triton._group_major))
     if variant == "baseline-moe-kernel":
         baseline = load_baseline(baseline_path)
@@ -139,7 +147,8 @@ def main() -> None:
                          "fused and the small-M Triton linear), router (cuBLAS + top-k kernel vs the fused "
                          "small-batch kernel), moe (token-tiled kernel at decode vs the swapped one) or async "
                          "(each step finished before the next is scheduled vs async scheduling) or kernel "
-                         "(an older moe_swapped.py, --baseline, vs the current one)")
+                         "(an older moe_swapped.py, --baseline, vs the current one) or gluon (the Triton swapped "
+                         "kernel vs the Gluon one)")
     ap.add_argument("--baseline", default=None, help="for --ab kernel: the older moe_swapped.py")
     args = ap.parse_args()
     rows, results = [], {}

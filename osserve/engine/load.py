@@ -109,8 +109,13 @@ def build_engine(args: EngineArgs) -> LLMEngine:
         # Keep the checkpoint-layout experts beside the kernel's layout (for the dense prefill
         # path) only when both fit comfortably: the 20b yes, the 120b on one 80 GB GPU no.
         total = torch.cuda.get_device_properties(device).total_memory
-        prepared = model.prepare_experts(keep_original=2 * weights_bytes < 0.6 * total)
-        moe_swapped.compile_kernels(prepared[0], cfg.num_experts_per_tok, cfg.swiglu_limit, dtype)
+        # On Hopper the Gluon kernel's weight layout (moe_gluon.py); elsewhere the Triton kernels'.
+        from osserve.ops import moe_gluon
+
+        fragments = moe_gluon.supported(device, cfg.hidden_size, cfg.intermediate_size)
+        prepared = model.prepare_experts(keep_original=2 * weights_bytes < 0.6 * total, fragments=fragments)
+        compile_moe = moe_gluon.compile_kernels if fragments else moe_swapped.compile_kernels
+        compile_moe(prepared[0], cfg.num_experts_per_tok, cfg.swiglu_limit, dtype)
         # Hand the freed checkpoint-layout tensors and load temporaries back to the driver, so the
         # KV budget below (read from the driver's free memory) sees them as free.
         torch.cuda.empty_cache()

@@ -241,7 +241,7 @@ class GptOssForCausalLM(nn.Module):
             attn: Attention = layer.self_attn  # type: ignore[assignment]
             attn.fuse_qkv()
 
-    def prepare_experts(self, keep_original: bool) -> list[PreparedExperts]:
+    def prepare_experts(self, keep_original: bool, fragments: bool = False) -> list[PreparedExperts]:
         """Give every layer's experts the fused kernel's layout (once, at load, on the GPU); returns
         them by layer. Without keep_original the checkpoint-layout tensors are freed (the 120b
         cannot hold both); the reference and dense-prefill paths then have no weights to read."""
@@ -250,7 +250,7 @@ class GptOssForCausalLM(nn.Module):
         prepared = []
         for layer in self.model.layers:
             ex: Experts = layer.mlp.experts  # type: ignore[union-attr,assignment]
-            ex.prepared = prepare_mxfp4_experts(ex.weights())
+            ex.prepared = prepare_mxfp4_experts(ex.weights(), fragments=fragments)
             prepared.append(ex.prepared)
             if not keep_original:
                 empty = nn.Buffer(torch.empty(0, dtype=torch.uint8, device=ex.gate_up_proj_blocks.device))

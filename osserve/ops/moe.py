@@ -48,15 +48,15 @@ class ExpertWeights:
         assert self.down_blocks is not None and self.down_scales is not None
         return dequantize_mxfp4(self.down_blocks, self.down_scales, dtype)
 
-    def prepare(self, keep_original: bool = False) -> None:
-        """Build the fused Triton kernel's layout once (at load, on the GPU).
+    def prepare(self, keep_original: bool = False, fragments: bool = False) -> None:
+        """Build the fused kernels' layout once (at load, on the GPU); `fragments`: the Gluon kernel's.
 
         Drops the checkpoint-layout MXFP4 tensors unless asked (the layout is the same size: keeping
         both doubles expert memory, which 120b cannot afford); the reference path then needs them back.
         """
         from osserve.ops.moe_triton import prepare_mxfp4_experts
 
-        self.prepared = prepare_mxfp4_experts(self)
+        self.prepared = prepare_mxfp4_experts(self, fragments=fragments)
         if not keep_original:
             self.gate_up_blocks = self.gate_up_scales = self.down_blocks = self.down_scales = None
 
@@ -112,23 +112,40 @@ def fused_moe(
     swiglu_limit: float,
 ) -> torch.Tensor:
     """Dispatch on CUDA, once `experts.prepare()` ran: up to 4096 tokens (decode, serving's mixed
-    steps) the weights-as-left-operand 4-bit kernel (moe_swapped.py); above, whole prompts, the
-    per-expert dequantise + cuBLAS path when the checkpoint-layout tensors were kept, else the
-    token-tiled 4-bit kernel (moe_triton.py). Elsewhere: the reference."""
+    steps) the weights-as-left-operand 4-bit kernel (moe_gluon.py on Hopper, else moe_swapped.py);
+    above, whole prompts, the per-expert dequantise + cuBLAS path when the checkpoint-layout
+    tensors were kept, else the Gluon kernel in chunks or the token-tiled 4-bit kernel
+    (moe_triton.py). Elsewhere: the reference."""
     if use_triton(x):
         from osserve.ops import moe_swapped
 
-        # Up to moe_swapped.MAX_TOKENS the fused kernel wins; the dense path is for whole prompts
-        # (it syncs the host once per expert: ~0.3 s a step at serving's 1-2k-token mixed batches).
-        if experts.prepared is not None and x.shape[0] <= moe_swapped.MAX_TOKENS:
-            return moe_swapped.fused_moe_swapped(x, topk_weights, topk_ids, experts.prepared, swiglu_limit)
+        prepared = experts.prepared
+        # Up to MAX_TOKENS the fused kernels win; the dense path is for whole prompts (it syncs the
+        # host once per expert: ~0.3 s a step at serving's 1-2k-token mixed batches).
+        fused_max = 4096 if prepared is not None and prepared.fragments else moe_swapped.MAX_TOKENS
+        if prepared is not None and x.shape[0] <= fused_max:
+            return _fused(x, topk_weights, topk_ids, prepared, swiglu_limit)
         dense_ok = experts.gate_up_blocks is not None and not torch.cuda.is_current_stream_capturing()
         if dense_ok and x.shape[0] > PREFILL_DENSE_MIN_TOKENS:
             from osserve.ops.moe_dense import moe_prefill_dense
 
             return moe_prefill_dense(x, topk_weights, topk_ids, experts, swiglu_limit)
+        if prepared is not None and prepared.fragments:  # the Gluon kernel, in chunks of its MAX_TOKENS
+            return _fused(x, topk_weights, topk_ids, prepared, swiglu_limit)
         if experts.prepared is not None:
             from osserve.ops.moe_triton import fused_moe_triton
 
             return fused_moe_triton(x, topk_weights, topk_ids, experts.prepared, swiglu_limit)
     return moe_reference(x, topk_weights, topk_ids, experts, swiglu_limit)
+
+
+def _fused(x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor, prepared: PreparedExperts,
+           swiglu_limit: float) -> torch.Tensor:
+    """The 4-bit kernel for the prepared layout: Gluon (Hopper fragments) or Triton (re-paired nibbles)."""
+    if prepared.fragments:
+        from osserve.ops.moe_gluon import fused_moe_gluon
+
+        return fused_moe_gluon(x, topk_weights, topk_ids, prepared, swiglu_limit)
+    from osserve.ops.moe_swapped import fused_moe_swapped
+
+    return fused_moe_swapped(x, topk_weights, topk_ids, prepared, swiglu_limit)

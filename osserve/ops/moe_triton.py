@@ -41,6 +41,9 @@ class PreparedExperts:
     w2: torch.Tensor  # [E, H, I/2] uint8
     s2: torch.Tensor  # [E, H, I/32] uint8, stored group-major
     b2: torch.Tensor  # [E, H] float32
+    # True: w1/w2 are int32 words in MMA-fragment order and s1/s2 row-major, padded to 4 groups
+    # (mxfp4_fragments.py), for moe_gluon.py; the shapes above are then [E, rows, K/8] / [E, rows, Gp].
+    fragments: bool = False
 
     @property
     def num_experts(self) -> int:
@@ -102,13 +105,27 @@ def _group_major(scales: torch.Tensor) -> torch.Tensor:
     return scales.transpose(1, 2).contiguous().transpose(1, 2)
 
 
-def prepare_mxfp4_experts(experts: ExpertWeights) -> PreparedExperts:
-    """Rearrange the checkpoint's MXFP4 tensors once (at load) into the kernel's layout."""
+def prepare_mxfp4_experts(experts: ExpertWeights, fragments: bool = False) -> PreparedExperts:
+    """Rearrange the checkpoint's MXFP4 tensors once (at load) into the kernels' layout: the Triton
+    kernels' re-paired nibbles, or with `fragments` the Gluon kernel's (moe_gluon.py)."""
     assert experts.gate_up_blocks is not None and experts.gate_up_scales is not None
     assert experts.down_blocks is not None and experts.down_scales is not None
 
     def deinterleave(t: torch.Tensor) -> torch.Tensor:  # rows [g0 u0 g1 u1 ...] -> [g0 g1 ... u0 u1 ...]
         return torch.cat((t[:, 0::2], t[:, 1::2]), dim=1).contiguous()
+
+    if fragments:
+        from osserve.ops.mxfp4_fragments import pack_words, pad_scales
+
+        return PreparedExperts(
+            w1=pack_words(deinterleave(experts.gate_up_blocks)),
+            s1=pad_scales(deinterleave(experts.gate_up_scales)),
+            b1=deinterleave(experts.gate_up_bias.float()),
+            w2=pack_words(experts.down_blocks),
+            s2=pad_scales(experts.down_scales),
+            b2=experts.down_bias.float().contiguous(),
+            fragments=True,
+        )
 
     return PreparedExperts(
         w1=_repair_nibbles(deinterleave(experts.gate_up_blocks)),

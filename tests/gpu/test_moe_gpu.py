@@ -1,12 +1,13 @@
 """The fused MXFP4 MoE kernels at gpt-oss-20b shapes on the GPU, bf16 against a float32 reference:
-the token-tiled kernel (moe_triton.py) and the weights-as-left-operand one (moe_swapped.py), its
-K split forced on and off."""
+the token-tiled kernel (moe_triton.py), the weights-as-left-operand ones (moe_swapped.py in Triton,
+moe_gluon.py in Gluon on Hopper), their K split forced on and off."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
+from osserve.ops import moe_gluon
 from osserve.ops.moe import moe_reference
 from osserve.ops.moe_swapped import fused_moe_swapped
 from osserve.ops.moe_triton import fused_moe_triton, prepare_mxfp4_experts
@@ -22,6 +23,15 @@ EXPERTS, TOP_K, LIMIT = 32, 4, 7.0
 def layer():
     experts = random_experts(EXPERTS, HIDDEN, INTER, device="cuda")
     return experts, prepare_mxfp4_experts(experts)
+
+
+hopper = pytest.mark.skipif(not torch.cuda.is_available() or not moe_gluon.supported(torch.device("cuda"), 64, 64),
+                            reason="the Gluon kernel needs a Hopper GPU")
+
+
+@pytest.fixture(scope="module")
+def fragments(layer):
+    return prepare_mxfp4_experts(layer[0], fragments=True)
 
 
 def _rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
@@ -49,6 +59,38 @@ def test_matches_float32_reference(layer, num_tokens: int, mode: str, kernel: st
     assert _rel_err(out, ref) < 1e-2
 
 
+@hopper
+@pytest.mark.parametrize(
+    "num_tokens,mode",
+    [(1, "uniform"), (2, "uniform"), (7, "uniform"), (7, "sparse"), (64, "uniform"), (64, "skewed"),
+     (300, "uniform"), (300, "sparse"), (4096, "uniform"), (4096, "skewed"), (5000, "uniform")],
+)
+@pytest.mark.parametrize("variant", ["default", "no-split", "max-split", "tile-16", "tile-32"])
+def test_gluon_matches_float32_reference(layer, fragments, num_tokens: int, mode: str, variant: str) -> None:
+    """K = 2880 ends on a 64-column tail step; 5000 tokens run as two chunks."""
+    experts, _ = layer
+    x = torch.randn(num_tokens, HIDDEN, device="cuda").bfloat16()
+    weights, ids = random_routing(num_tokens, EXPERTS, TOP_K, mode, device="cuda")
+    ref = moe_reference(x.float(), weights, ids, experts, LIMIT)
+    kwargs = {"default": {}, "no-split": {"min_programs": 1}, "max-split": {"min_programs": 10**6},
+              "tile-16": {"block_t": 16}, "tile-32": {"block_t": 32}}[variant]
+    out = moe_gluon.fused_moe_gluon(x, weights.bfloat16(), ids, fragments, LIMIT, **kwargs)
+    assert out.dtype == torch.bfloat16 and out.shape == (num_tokens, HIDDEN)
+    assert torch.isfinite(out).all()
+    assert _rel_err(out, ref) < 1e-2
+
+
+@hopper
+def test_gluon_small_shapes() -> None:
+    """Another shape: gate/up K = 256 (whole 128-column steps, no tail), down K = 320 (a tail)."""
+    experts = random_experts(8, 256, 320, device="cuda")
+    prepared = prepare_mxfp4_experts(experts, fragments=True)
+    x = torch.randn(33, 256, device="cuda").bfloat16()
+    weights, ids = random_routing(33, 8, TOP_K, device="cuda")
+    ref = moe_reference(x.float(), weights, ids, experts, LIMIT)
+    assert _rel_err(moe_gluon.fused_moe_gluon(x, weights.bfloat16(), ids, prepared, LIMIT), ref) < 1e-2
+
+
 def test_inline_ptx_dequant_path(layer) -> None:
     """The opt-in inline-PTX dequantiser computes the same function."""
     experts, prepared = layer
@@ -58,11 +100,15 @@ def test_inline_ptx_dequant_path(layer) -> None:
     assert _rel_err(fused_moe_triton(x, weights, ids, prepared, LIMIT, fast_dequant=True), ref) < 1e-2
 
 
-@pytest.mark.parametrize("moe", [fused_moe_triton, fused_moe_swapped], ids=["token-tiled", "swapped"])
+@pytest.mark.parametrize("moe", [fused_moe_triton, fused_moe_swapped, moe_gluon.fused_moe_gluon],
+                         ids=["token-tiled", "swapped", "gluon"])
 @pytest.mark.parametrize("num_tokens", [1, 8])
-def test_cuda_graph_replay(layer, moe, num_tokens: int) -> None:
+def test_cuda_graph_replay(layer, fragments, moe, num_tokens: int) -> None:
     """The decode path captures into a CUDA graph (no host sync) and replays on fresh inputs."""
+    if moe is moe_gluon.fused_moe_gluon and not moe_gluon.supported(torch.device("cuda"), 64, 64):
+        pytest.skip("the Gluon kernel needs a Hopper GPU")
     experts, prepared = layer
+    prepared = fragments if moe is moe_gluon.fused_moe_gluon else prepared
     x = torch.randn(num_tokens, HIDDEN, device="cuda").bfloat16()
     weights, ids = random_routing(num_tokens, EXPERTS, TOP_K, device="cuda")
     moe(x, weights, ids, prepared, LIMIT)  # compile outside the capture

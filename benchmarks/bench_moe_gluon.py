@@ -1,0 +1,100 @@
+"""The Gluon MoE kernel (moe_gluon.py, MMA-fragment weight layout) against the Triton swapped kernel
+(moe_swapped.py, the engine's default before it), same run, gpt-oss-20b and -120b shapes.
+
+Run on the GPU: PYTHONPATH=$PWD python3 benchmarks/bench_moe_gluon.py [--tokens 1,8,32,256]
+Correctness first (bf16 vs the float32 reference at several batch sizes and routings, split K and
+not, and the 64-column K tail), then CUDA-graph timings over L layers with distinct weights, / L;
+a table last.
+"""
+
+from __future__ import annotations
+
+import argparse
+from functools import partial
+
+import torch
+
+from benchmarks.bench_moe import EXPERT_BYTES, graph_time_us
+from osserve.ops.moe import moe_reference
+from osserve.ops.moe_gluon import fused_moe_gluon
+from osserve.ops.moe_swapped import fused_moe_swapped
+from osserve.ops.moe_triton import prepare_mxfp4_experts
+from tests.ops.moe_fixtures import random_experts, random_routing
+
+HIDDEN = INTER = 2880
+TOP_K, LIMIT = 4, 7.0
+MODELS = {"20b": (32, 4), "120b": (128, 2)}
+
+
+def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
+    return ((out.float() - ref).norm() / ref.norm()).item()
+
+
+def check(originals, fragments, num_experts: int, label: str) -> None:
+    for t, mode in ((1, "uniform"), (2, "uniform"), (7, "uniform"), (64, "skewed"), (300, "sparse"),
+                    (4096, "uniform"), (5000, "uniform")):
+        x = torch.randn(t, HIDDEN, device="cuda").bfloat16()
+        w, ids = random_routing(t, num_experts, TOP_K, mode, device="cuda")
+        ref = moe_reference(x.float(), w, ids, originals, LIMIT)
+        errs = [rel_err(fused_moe_gluon(x, w.bfloat16(), ids, fragments, LIMIT, min_programs=m), ref)
+                for m in (1, None, 10**6)]
+        errs += [rel_err(fused_moe_gluon(x, w.bfloat16(), ids, fragments, LIMIT, block_t=bt), ref) for bt in (16, 32)]
+        print(f"check {label} T={t} {mode}: gluon (no split, default, max split, bt16, bt32) err "
+              + " / ".join(f"{e:.2e}" for e in errs), flush=True)
+        assert all(e < 1e-2 for e in errs), errs
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--tokens", default="1,8,32,64,128,256,512,1024")
+    args = parser.parse_args()
+    tokens = [int(t) for t in args.tokens.split(",")]
+    props = torch.cuda.get_device_properties(0)
+    print(f"GPU {props.name}, {props.multi_processor_count} SMs; torch {torch.__version__}", flush=True)
+    # K = 2880 ends on a 64-column tail; a K of whole 128-column steps is checked on a small layer too.
+    torch.manual_seed(1)
+    small = random_experts(8, 256, 384, device="cuda")
+    x = torch.randn(33, 256, device="cuda").bfloat16()
+    w, ids = random_routing(33, 8, TOP_K, device="cuda")
+    err = rel_err(fused_moe_gluon(x, w.bfloat16(), ids, prepare_mxfp4_experts(small, fragments=True), LIMIT),
+                  moe_reference(x.float(), w, ids, small, LIMIT))
+    print(f"check H=256 I=384 T=33: err {err:.2e}", flush=True)
+    assert err < 1e-2
+    rows = []
+    for model, (num_experts, layers) in MODELS.items():
+        torch.manual_seed(0)
+        originals = [random_experts(num_experts, HIDDEN, INTER, device="cuda") for _ in range(layers)]
+        swapped = [prepare_mxfp4_experts(e) for e in originals]
+        gluon = [prepare_mxfp4_experts(e, fragments=True) for e in originals]
+        check(originals[0], gluon[0], num_experts, model)
+        for e in originals:
+            e.gate_up_blocks = e.gate_up_scales = e.down_blocks = e.down_scales = None
+        torch.cuda.empty_cache()
+        for t in tokens:
+            x = torch.randn(t, HIDDEN, device="cuda").bfloat16()
+            w, ids = random_routing(t, num_experts, TOP_K, device="cuda")
+            w = w.bfloat16()
+            hit = torch.unique(ids).numel()
+            base = graph_time_us([partial(fused_moe_swapped, x, w, ids, p, LIMIT) for p in swapped])
+            new = graph_time_us([partial(fused_moe_gluon, x, w, ids, p, LIMIT) for p in gluon])
+            variants = {}
+            for bt in (16, 32):
+                for m in (1, 2, 4):
+                    variants[f"bt{bt} {m}/SM"] = graph_time_us(
+                        [partial(fused_moe_gluon, x, w, ids, p, LIMIT, bt, m * props.multi_processor_count)
+                         for p in gluon])
+            best = min(variants, key=variants.get)
+            rows.append((model, t, hit, base, new, best, variants[best]))
+            print(f"time {model} T={t}: swapped {base:.1f} us, gluon {new:.1f} us; "
+                  + ", ".join(f"{k} {v:.1f}" for k, v in variants.items()), flush=True)
+        originals = swapped = gluon = []
+        torch.cuda.empty_cache()
+    print("\nmodel     T  hit  swapped us  gluon us  speedup  gluon GB/s  best variant")
+    for model, t, hit, base, new, best, best_us in rows:
+        gbs = hit * EXPERT_BYTES / (new * 1e-6) / 1e9
+        print(f"{model:>5} {t:5d} {hit:4d}  {base:10.1f} {new:9.1f} {base / new:8.2f} {gbs:10.0f}  "
+              f"{best} {best_us:.1f}")
+
+
+if __name__ == "__main__":
+    main()

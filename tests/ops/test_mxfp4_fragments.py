@@ -1,0 +1,43 @@
+"""The Gluon MoE kernel's weight layout (mxfp4_fragments.py) on the CPU: packing the checkpoint's
+MXFP4 blocks and dequantising them with the PTX's rotations and masks (emulated bit for bit) gives
+back exactly the checkpoint's values. (The kernel itself needs a Hopper GPU: tests/gpu.)"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from osserve.ops.mxfp4 import dequantize_mxfp4
+from osserve.ops.mxfp4_fragments import BIT_PLACES, DEQUANT_PTX, emulate_dequant, pack_words, pad_scales, word_columns
+
+
+@pytest.mark.parametrize("k", [64, 128, 192, 320, 2880])
+def test_pack_then_dequantise_is_exact(k: int) -> None:
+    gen = torch.Generator().manual_seed(k)
+    blocks = torch.randint(0, 256, (2, 7, k // 32, 16), dtype=torch.uint8, generator=gen)
+    scales = torch.randint(100, 140, (2, 7, k // 32), dtype=torch.uint8, generator=gen)
+    words, padded = pack_words(blocks), pad_scales(scales)
+    assert words.shape == (2, 7, k // 8) and words.dtype == torch.int32
+    assert padded.shape[-1] % 4 == 0 and torch.equal(padded[..., : k // 32], scales)
+    ref = dequantize_mxfp4(blocks, scales, torch.float32)
+    for expert in range(2):
+        assert torch.equal(emulate_dequant(words[expert], padded[expert], k), ref[expert])
+
+
+def test_every_column_once_and_each_word_in_one_group() -> None:
+    cols = word_columns(2880)
+    assert sorted(cols.flatten().tolist()) == list(range(2880))
+    assert (cols // 32 == cols[:, :1] // 32).all()  # one scale per word
+
+
+def test_bit_places_tile_the_word_and_match_the_ptx() -> None:
+    assert sorted(BIT_PLACES.values()) == list(range(32))
+    # the emulator's rotations (4, 10; 6 and 14 merged) are the PTX's
+    for n in (4, 10, 6, 14):
+        assert f"shf.r.wrap.b32 r, $8, $8, {n};" in DEQUANT_PTX or f"shf.r.wrap.b32 q, $8, $8, {n};" in DEQUANT_PTX
+    assert DEQUANT_PTX.count("mul.rn.bf16x2") == 8
+
+
+def test_k_must_be_whole_64_column_steps() -> None:
+    with pytest.raises(AssertionError):
+        word_columns(96)
