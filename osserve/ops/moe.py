@@ -120,10 +120,10 @@ def fused_moe(
         from osserve.ops import moe_swapped
 
         prepared = experts.prepared
-        # Up to MAX_TOKENS the fused kernels win; the dense path is for whole prompts (it syncs the
-        # host once per expert: ~0.3 s a step at serving's 1-2k-token mixed batches).
-        fused_max = 4096 if prepared is not None and prepared.fragments else moe_swapped.MAX_TOKENS
-        if prepared is not None and x.shape[0] <= fused_max:
+        # Up to MAX_TOKENS (both 4-bit kernels' range) the fused kernels win; the dense path is for
+        # whole prompts (it syncs the host once per expert: ~0.3 s a step at serving's 1-2k-token
+        # mixed batches).
+        if prepared is not None and x.shape[0] <= moe_swapped.MAX_TOKENS:
             return _fused(x, topk_weights, topk_ids, prepared, swiglu_limit)
         dense_ok = experts.gate_up_blocks is not None and not torch.cuda.is_current_stream_capturing()
         if dense_ok and x.shape[0] > PREFILL_DENSE_MIN_TOKENS:

@@ -21,9 +21,20 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, warpgroup_mma, warpgroup_mma_wait
 
+from osserve.ops import moe_swapped
 from osserve.ops.moe import SWIGLU_ALPHA
 from osserve.ops.moe_align import RoutingPlan, align_tokens
-from osserve.ops.moe_swapped import PROGRAMS_PER_SM, SWIGLU_BLOCK_N, _swiglu_splits_kernel, split_k
+from osserve.ops.moe_swapped import (
+    MAX_TOKENS,
+    PROGRAMS_PER_SM,
+    SWIGLU_BLOCK_N,
+    _swiglu_splits_kernel,
+    by_slots,
+    down_output,
+    split_k,
+    sum_experts,
+    used_tiles,
+)
 from osserve.ops.moe_triton import UNSCALE, PreparedExperts
 from osserve.ops.mxfp4_fragments import DEQUANT_PTX as _PTX
 
@@ -33,6 +44,11 @@ BLOCK_W = 64  # weight rows per program: one warpgroup MMA's M
 BLOCK_K = gl.constexpr(128)  # K per step
 NUM_WARPS = 4
 
+
+# [BLOCK_T, 128] activation rows (the MMA's right operand before shared memory), and the [64 weight
+# rows, BLOCK_T] epilogue tile with the rows fastest (coalesced stores of act / y rows).
+X_LAYOUT = gl.constexpr(gl.BlockedLayout([1, 8], [2, 16], [4, 1], [1, 0]))
+OUT_LAYOUT = gl.constexpr(gl.BlockedLayout([1, 1], [32, 1], [4, 1], [0, 1]))
 
 # [64 rows, 16 words] of a K step: a thread holds rows g, g+8 of its warp's 16 and words 4q..4q+3.
 WORD_LAYOUT = gl.constexpr(gl.DistributedLinearLayout(
@@ -62,18 +78,18 @@ def _dequant(words, scales, A_LAYOUT: gl.constexpr):
 
 
 @gluon.jit
-def _load_step(w_ptrs, s_ptrs, k0, TAIL: gl.constexpr, w_mask, s_mask, word):
+def _load_step(w_ptrs, s_ptrs, k0, TAIL: gl.constexpr, mask, word):
     """One K step's words and bf16x2 scales. The tail step (64 columns) holds 8 words per row in
     the same order with b2 = 0 only: word 4q + 2 b2 + jw of a full step is word 2q + jw there."""
     step = k0 // 128  # k0 is a multiple of 128: offsets stated so (16-byte / 4-byte vector loads)
     if TAIL:
         tail_word = (word // 4) * 2 + word % 2
         ok = (word // 2) % 2 == 0
-        w = gl.load(w_ptrs + step * 16 + (tail_word - word)[None, :], mask=w_mask & ok[None, :], other=0)
-        s = gl.load(s_ptrs + step * 4, mask=s_mask & ok[None, :], other=0)
+        w = gl.load(w_ptrs + step * 16 + (tail_word - word)[None, :], mask=mask & ok[None, :], other=0)
+        s = gl.load(s_ptrs + step * 4, mask=mask & ok[None, :], other=0)
     else:
-        w = gl.load(w_ptrs + step * 16, mask=w_mask, other=0)
-        s = gl.load(s_ptrs + step * 4, mask=s_mask, other=0)
+        w = gl.load(w_ptrs + step * 16, mask=mask, other=0)
+        s = gl.load(s_ptrs + step * 4, mask=mask, other=0)
     # E8M0 s -> bf16 2^(s + 64 - 127) in both halves
     s16 = (s.to(gl.int32) + 64) << 7
     return w, s16 | (s16 << 16)
@@ -106,11 +122,14 @@ def _mma_step(wa, sa, wb, sb, b_tile, b_smem, acc_a, acc_b, TWO: gl.constexpr, A
 
 @gluon.jit
 def _k_loop(wa_ptrs, sa_ptrs, b_off_w, b_off_s, x_ptrs, x_ok, w_mask, word, kcol, k_start, k_end,
-            BLOCK_T: gl.constexpr, TWO: gl.constexpr, MMA: gl.constexpr, A_LAYOUT: gl.constexpr,
-            X_SMEM: gl.constexpr):
+            BLOCK_T: gl.constexpr, TWO: gl.constexpr):
     """The K loop over [k_start, k_end) of one or two weight matrices (the second at b_off_w words /
     b_off_s scale bytes from the first) against the [BLOCK_T, K] activation rows at x_ptrs: each
-    step's weights, scales and activations are loaded one step ahead of their use."""
+    step's weights, scales and activations are loaded one step ahead of their use. Returns the
+    [64, BLOCK_T] float32 accumulators in the MMA layout."""
+    MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_T, 16])
+    A_LAYOUT: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=2)
+    X_SMEM: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_T, BLOCK_K], gl.bfloat16)
     wb_ptrs = wa_ptrs + b_off_w
     sb_ptrs = sa_ptrs + b_off_s
     k_full_end = k_start + ((k_end - k_start) // BLOCK_K) * BLOCK_K
@@ -119,25 +138,25 @@ def _k_loop(wa_ptrs, sa_ptrs, b_off_w, b_off_s, x_ptrs, x_ok, w_mask, word, kcol
     acc_b = gl.zeros([64, BLOCK_T], gl.float32, MMA)
 
     first = w_mask & (k_start < k_full_end)
-    wa, sa = _load_step(wa_ptrs, sa_ptrs, k_start, False, first, first, word)
+    wa, sa = _load_step(wa_ptrs, sa_ptrs, k_start, False, first, word)
     wb, sb = wa, sa
     if TWO:
-        wb, sb = _load_step(wb_ptrs, sb_ptrs, k_start, False, first, first, word)
+        wb, sb = _load_step(wb_ptrs, sb_ptrs, k_start, False, first, word)
     xt = gl.load(x_ptrs + k_start, mask=x_ok & (k_start < k_full_end), other=0.0)
     for k0 in range(k_start, k_full_end, BLOCK_K):
         more = w_mask & (k0 + BLOCK_K < k_full_end)
-        wa_n, sa_n = _load_step(wa_ptrs, sa_ptrs, k0 + BLOCK_K, False, more, more, word)
+        wa_n, sa_n = _load_step(wa_ptrs, sa_ptrs, k0 + BLOCK_K, False, more, word)
         wb_n, sb_n = wa_n, sa_n
         if TWO:
-            wb_n, sb_n = _load_step(wb_ptrs, sb_ptrs, k0 + BLOCK_K, False, more, more, word)
+            wb_n, sb_n = _load_step(wb_ptrs, sb_ptrs, k0 + BLOCK_K, False, more, word)
         xt_n = gl.load(x_ptrs + (k0 + BLOCK_K), mask=x_ok & (k0 + BLOCK_K < k_full_end), other=0.0)
         acc_a, acc_b = _mma_step(wa, sa, wb, sb, xt, b_smem, acc_a, acc_b, TWO, A_LAYOUT)
         wa, sa, wb, sb, xt = wa_n, sa_n, wb_n, sb_n, xt_n
     if k_full_end < k_end:  # the last 64 columns of a K that is 64 mod 128
-        wa, sa = _load_step(wa_ptrs, sa_ptrs, k_full_end, True, w_mask, w_mask, word)
+        wa, sa = _load_step(wa_ptrs, sa_ptrs, k_full_end, True, w_mask, word)
         wb, sb = wa, sa
         if TWO:
-            wb, sb = _load_step(wb_ptrs, sb_ptrs, k_full_end, True, w_mask, w_mask, word)
+            wb, sb = _load_step(wb_ptrs, sb_ptrs, k_full_end, True, w_mask, word)
         xt = gl.load(x_ptrs + k_full_end, mask=x_ok & (kcol < k_end - k_full_end)[None, :], other=0.0)
         acc_a, acc_b = _mma_step(wa, sa, wb, sb, xt, b_smem, acc_a, acc_b, TWO, A_LAYOUT)
     return acc_a, acc_b
@@ -158,6 +177,22 @@ def _weight_pointers(w_ptr, s_ptr, expert, pid_w, N, stride_we, stride_wn, strid
     return w_ptrs, s_ptrs, w_mask, word
 
 
+@gluon.jit
+def _program(num_t_blocks, num_splits):
+    """(token tile, K split, weight tile) of this program: token tiles fastest, so that neighbours
+    share a weight tile (L2 reuse)."""
+    pid = gl.program_id(0)
+    return pid % num_t_blocks, (pid // num_t_blocks) % num_splits, pid // (num_t_blocks * num_splits)
+
+
+@gluon.jit
+def _out_rows(pid_w, pid_t, N, BLOCK_T: gl.constexpr):
+    """The epilogue's weight rows, their mask, and the plan rows of the token tile (OUT_LAYOUT)."""
+    orow = pid_w * 64 + gl.arange(0, 64, layout=gl.SliceLayout(1, OUT_LAYOUT))
+    prow = pid_t * BLOCK_T + gl.arange(0, BLOCK_T, layout=gl.SliceLayout(0, OUT_LAYOUT))
+    return orow, orow < N, prow
+
+
 _PER_STEP = ["num_slots", "num_t_blocks", "num_splits"]
 
 
@@ -169,16 +204,8 @@ def _gate_up_kernel(
     stride_xm, stride_we, stride_wn, stride_se, stride_sn, stride_be, stride_am, stride_ps, stride_pm,
     TOP_K: gl.constexpr, BLOCK_T: gl.constexpr, SPLIT: gl.constexpr, ALPHA: gl.constexpr, UNSCALE: gl.constexpr,
 ):
-    MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_T, 16])
-    A_LAYOUT: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=2)
-    X_LAYOUT: gl.constexpr = gl.BlockedLayout([1, 8], [2, 16], [4, 1], [1, 0])
-    X_SMEM: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_T, BLOCK_K], gl.bfloat16)
-    OUT: gl.constexpr = gl.BlockedLayout([1, 1], [32, 1], [4, 1], [0, 1])  # [64 weight rows, BT]: rows fastest
 
-    pid = gl.program_id(0)
-    pid_t = pid % num_t_blocks  # token tiles fastest: neighbours share a weight tile (L2 reuse)
-    pid_s = (pid // num_t_blocks) % num_splits
-    pid_w = pid // (num_t_blocks * num_splits)
+    pid_t, pid_s, pid_w = _program(num_t_blocks, num_splits)
     if pid_t * BLOCK_T >= gl.load(num_padded_ptr):
         return
     expert, rows, slot, row_ok = _tile_setup(sorted_ptr, block_expert_ptr, pid_t, num_slots, BLOCK_T,
@@ -191,13 +218,11 @@ def _gate_up_kernel(
     k_start = pid_s * k_per_split
     k_end = gl.minimum(K, k_start + k_per_split)
     acc_g, acc_u = _k_loop(w_ptrs, s_ptrs, N * stride_wn, N * stride_sn, x_ptrs, row_ok[:, None], w_mask, word,
-                           kcol, k_start, k_end, BLOCK_T, True, MMA, A_LAYOUT, X_SMEM)
+                           kcol, k_start, k_end, BLOCK_T, True)
 
-    acc_g = gl.convert_layout(acc_g * UNSCALE, OUT)
-    acc_u = gl.convert_layout(acc_u * UNSCALE, OUT)
-    orow = pid_w * 64 + gl.arange(0, 64, layout=gl.SliceLayout(1, OUT))
-    o_ok = orow < N
-    prow = pid_t * BLOCK_T + gl.arange(0, BLOCK_T, layout=gl.SliceLayout(0, OUT))
+    acc_g = gl.convert_layout(acc_g * UNSCALE, OUT_LAYOUT)
+    acc_u = gl.convert_layout(acc_u * UNSCALE, OUT_LAYOUT)
+    orow, o_ok, prow = _out_rows(pid_w, pid_t, N, BLOCK_T)
     p_ok = gl.load(sorted_ptr + prow) < num_slots
     if SPLIT:  # partial sums; moe_swapped's _swiglu_splits_kernel adds them up and applies the epilogue
         p_ptrs = part_ptr + pid_s.to(gl.int64) * stride_ps + prow[None, :].to(gl.int64) * stride_pm + orow[:, None]
@@ -222,16 +247,8 @@ def _down_kernel(
     stride_am, stride_we, stride_wn, stride_se, stride_sn, stride_be, stride_ys, stride_ym,
     BLOCK_T: gl.constexpr, UNSCALE: gl.constexpr,
 ):
-    MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_T, 16])
-    A_LAYOUT: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=2)
-    X_LAYOUT: gl.constexpr = gl.BlockedLayout([1, 8], [2, 16], [4, 1], [1, 0])
-    X_SMEM: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_T, BLOCK_K], gl.bfloat16)
-    OUT: gl.constexpr = gl.BlockedLayout([1, 1], [32, 1], [4, 1], [0, 1])
 
-    pid = gl.program_id(0)
-    pid_t = pid % num_t_blocks
-    pid_s = (pid // num_t_blocks) % num_splits
-    pid_w = pid // (num_t_blocks * num_splits)
+    pid_t, pid_s, pid_w = _program(num_t_blocks, num_splits)
     if pid_t * BLOCK_T >= gl.load(num_padded_ptr):
         return
     expert, rows, slot, row_ok = _tile_setup(sorted_ptr, block_expert_ptr, pid_t, num_slots, BLOCK_T,
@@ -243,12 +260,10 @@ def _down_kernel(
     k_start = pid_s * k_per_split
     k_end = gl.minimum(K, k_start + k_per_split)
     acc, _ = _k_loop(w_ptrs, s_ptrs, 0, 0, x_ptrs, row_ok[:, None], w_mask, word, kcol, k_start, k_end,
-                     BLOCK_T, False, MMA, A_LAYOUT, X_SMEM)
+                     BLOCK_T, False)
 
-    acc = gl.convert_layout(acc, OUT)
-    orow = pid_w * 64 + gl.arange(0, 64, layout=gl.SliceLayout(1, OUT))
-    o_ok = orow < N
-    prow = pid_t * BLOCK_T + gl.arange(0, BLOCK_T, layout=gl.SliceLayout(0, OUT))
+    acc = gl.convert_layout(acc, OUT_LAYOUT)
+    orow, o_ok, prow = _out_rows(pid_w, pid_t, N, BLOCK_T)
     pslot = gl.load(sorted_ptr + prow)
     p_ok = pslot < num_slots
     bias = gl.load(b_ptr + expert * stride_be + orow, mask=o_ok & (pid_s == 0), other=0.0)  # first split only
@@ -267,12 +282,6 @@ def supported(device: torch.device, hidden: int, intermediate: int) -> bool:
 # Token tile by the most slots an expert gets on average (T * top_k / E), as in moe_swapped.py; the
 # gate/up kernel spills registers with a 64-slot tile, so 32 serves every larger batch.
 BLOCK_T_BY_SLOTS = {8: 16, 1 << 30: 32}
-MAX_TOKENS = 4096  # a larger batch runs in chunks of this many tokens
-
-
-def block_t_for(num_tokens: int, num_experts: int, top_k: int) -> int:
-    slots_per_expert = num_tokens * top_k / num_experts
-    return BLOCK_T_BY_SLOTS[min(bound for bound in BLOCK_T_BY_SLOTS if slots_per_expert <= bound)]
 
 
 def fused_moe_gluon(
@@ -286,7 +295,7 @@ def fused_moe_gluon(
 ) -> torch.Tensor:
     """x [T, H] bf16 -> [T, H]; same function as moe_reference, on experts prepared with
     fragments=True. Host-sync free, CUDA-graph capturable."""
-    if x.shape[0] > MAX_TOKENS:
+    if x.shape[0] > MAX_TOKENS:  # moe_swapped's bound: larger batches run in chunks of that many tokens
         return torch.cat([fused_moe_gluon(x[i:i + MAX_TOKENS], topk_weights[i:i + MAX_TOKENS],
                                           topk_ids[i:i + MAX_TOKENS], prepared, swiglu_limit, block_t, min_programs)
                           for i in range(0, x.shape[0], MAX_TOKENS)])
@@ -295,7 +304,7 @@ def fused_moe_gluon(
     top_k = topk_ids.shape[1]
     num_slots = num_tokens * top_k
     inter = prepared.intermediate
-    bt = block_t or block_t_for(num_tokens, prepared.num_experts, top_k)
+    bt = block_t or by_slots(BLOCK_T_BY_SLOTS, num_tokens, prepared.num_experts, top_k)
     if min_programs is None:
         min_programs = PROGRAMS_PER_SM * torch.cuda.get_device_properties(x.device).multi_processor_count
     x = x.contiguous()
@@ -306,7 +315,7 @@ def fused_moe_gluon(
     w1, s1, b1 = prepared.w1, prepared.s1, prepared.b1
     w2, s2, b2 = prepared.w2, prepared.s2, prepared.b2
     tb = plan.max_blocks
-    used_t_blocks = min(tb, triton.cdiv(num_slots, bt) + min(num_slots, prepared.num_experts))
+    used_t_blocks = used_tiles(plan, num_slots, bt, prepared.num_experts)
     w_blocks1 = triton.cdiv(inter, BLOCK_W)
     splits1, per_split1 = split_k(used_t_blocks * w_blocks1, hidden, int(BLOCK_K), min_programs)
     part = torch.empty(splits1, rows, 2 * inter, dtype=torch.float32, device=x.device) if splits1 > 1 else act
@@ -325,25 +334,16 @@ def fused_moe_gluon(
         )
     w_blocks2 = triton.cdiv(hidden, BLOCK_W)
     splits2, per_split2 = split_k(used_t_blocks * w_blocks2, inter, int(BLOCK_K), min_programs)
-    y = torch.empty(splits2, num_slots, hidden, dtype=x.dtype if splits2 == 1 else torch.float32, device=x.device)
+    y = down_output(splits2, num_slots, hidden, x)
     _down_kernel[(tb * splits2 * w_blocks2,)](
         act, w2, s2, b2, y, topk_w, plan.sorted_slots, plan.block_expert, plan.num_padded,
         num_slots, hidden, inter, tb, splits2, per_split2,
         act.stride(0), w2.stride(0), w2.stride(1), s2.stride(0), s2.stride(1), b2.stride(0), y.stride(0),
         y.stride(1), BLOCK_T=bt, UNSCALE=UNSCALE, num_warps=NUM_WARPS,
     )
-    return y.view(splits2, num_tokens, top_k, hidden).sum(dim=(0, 2), dtype=torch.float32).to(x.dtype) \
-        if splits2 > 1 else y.view(num_tokens, top_k, hidden).sum(dim=1)
+    return sum_experts(y, num_tokens, top_k, x.dtype)
 
 
 def compile_kernels(prepared: PreparedExperts, top_k: int, swiglu_limit: float, dtype: torch.dtype) -> None:
-    """Run each variant once (batch 1 with split K, then each token tile's largest batch), so that no
-    serving step waits seconds for a compile."""
-    device = prepared.w1.device
-    rng = torch.Generator(device).manual_seed(0)  # leaves the global generator's stream alone
-    largest = [min(MAX_TOKENS, bound * prepared.num_experts // top_k) for bound in BLOCK_T_BY_SLOTS]
-    for num_tokens in sorted({1, *largest}):
-        x = torch.randn(num_tokens, prepared.hidden, device=device, dtype=dtype, generator=rng)
-        ids = torch.randint(0, prepared.num_experts, (num_tokens, top_k), device=device, generator=rng)
-        weights = torch.full((num_tokens, top_k), 1.0 / top_k, device=device, dtype=dtype)
-        fused_moe_gluon(x, weights, ids, prepared, swiglu_limit)
+    """moe_swapped.compile_kernels for this kernel and its token-tile buckets."""
+    moe_swapped.compile_kernels(prepared, top_k, swiglu_limit, dtype, fused_moe_gluon, BLOCK_T_BY_SLOTS)

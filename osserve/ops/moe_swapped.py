@@ -18,7 +18,9 @@ configuration tried on the H100 (NOTES-moe.md).
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import TypeVar
 
 import torch
 import triton
@@ -29,6 +31,7 @@ from osserve.ops.moe_align import RoutingPlan, align_tokens
 from osserve.ops.moe_triton import UNSCALE, PreparedExperts, _dequant, _swiglu
 
 _empty = torch.empty  # one seam for tests to poison fresh buffers
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -58,9 +61,14 @@ PROGRAMS_PER_SM = 2  # split K below this many programs per GEMM (split_k); 2 wa
 SWIGLU_BLOCK_N = 256
 
 
-def pick_config(num_tokens: int, num_experts: int, top_k: int) -> SwappedConfig:
+def by_slots(table: dict[int, T], num_tokens: int, num_experts: int, top_k: int) -> T:
+    """The entry of `table` (keyed by upper bounds) for the token slots an expert gets on average."""
     slots_per_expert = num_tokens * top_k / num_experts
-    return CONFIGS[min(bound for bound in CONFIGS if slots_per_expert <= bound)]
+    return table[min(bound for bound in table if slots_per_expert <= bound)]
+
+
+def pick_config(num_tokens: int, num_experts: int, top_k: int) -> SwappedConfig:
+    return by_slots(CONFIGS, num_tokens, num_experts, top_k)
 
 
 @triton.jit
@@ -240,6 +248,25 @@ def split_k(num_programs: int, k: int, block_k: int, min_programs: int) -> tuple
     return triton.cdiv(k, per_split), per_split
 
 
+def used_tiles(plan: RoutingPlan, num_slots: int, block_t: int, num_experts: int) -> int:
+    """Token tiles that do work: those of the experts hit (at most min(slots, E) partial ones),
+    not the plan's bound. Sizes the split of K."""
+    return min(plan.max_blocks, triton.cdiv(num_slots, block_t) + min(num_slots, num_experts))
+
+
+def down_output(splits: int, num_slots: int, hidden: int, x: torch.Tensor) -> torch.Tensor:
+    """GEMM2's output [splits, T*k, H]: split partial sums stay float32 until sum_experts."""
+    return _empty(splits, num_slots, hidden, dtype=x.dtype if splits == 1 else torch.float32, device=x.device)
+
+
+def sum_experts(y: torch.Tensor, num_tokens: int, top_k: int, dtype: torch.dtype) -> torch.Tensor:
+    """[splits, T*k, H] -> [T, H]: the sum over K splits and each token's k experts."""
+    splits, _, hidden = y.shape
+    if splits == 1:
+        return y.view(num_tokens, top_k, hidden).sum(dim=1)
+    return y.view(splits, num_tokens, top_k, hidden).sum(dim=(0, 2), dtype=torch.float32).to(dtype)
+
+
 def fused_moe_swapped(
     x: torch.Tensor,
     topk_weights: torch.Tensor,
@@ -271,8 +298,7 @@ def fused_moe_swapped(
     w1, s1, b1 = prepared.w1, prepared.s1, prepared.b1
     w2, s2, b2 = prepared.w2, prepared.s2, prepared.b2
     tb = plan.max_blocks
-    # Programs in use: the tiles of the experts hit (at most min(slots, E)), not the plan's bound.
-    used_t_blocks = min(tb, triton.cdiv(num_slots, cfg.block_t) + min(num_slots, prepared.num_experts))
+    used_t_blocks = used_tiles(plan, num_slots, cfg.block_t, prepared.num_experts)
     w_blocks1 = triton.cdiv(inter, cfg.block_w1)
     splits1, per_split1 = split_k(used_t_blocks * w_blocks1, hidden, cfg.block_k1, min_programs)
     part = _empty(splits1, rows, 2 * inter, dtype=torch.float32, device=x.device) if splits1 > 1 else act
@@ -293,8 +319,7 @@ def fused_moe_swapped(
         )
     w_blocks2 = triton.cdiv(hidden, cfg.block_w2)
     splits2, per_split2 = split_k(used_t_blocks * w_blocks2, inter, cfg.block_k2, min_programs)
-    # Split partial sums stay float32 until the final reduction over splits and the k experts.
-    y = _empty(splits2, num_slots, hidden, dtype=x.dtype if splits2 == 1 else torch.float32, device=x.device)
+    y = down_output(splits2, num_slots, hidden, x)
     _down_swapped_kernel[(tb * splits2 * w_blocks2,)](
         act, w2, s2, b2, y, topk_w, plan.sorted_slots, plan.block_expert, plan.num_padded,
         num_slots, hidden, inter, tb, splits2, per_split2,
@@ -303,18 +328,25 @@ def fused_moe_swapped(
         UNSCALE=UNSCALE, FAST=fast,
         num_warps=cfg.warps2, num_stages=cfg.stages2,
     )
-    return y.view(splits2, num_tokens, top_k, hidden).sum(dim=(0, 2), dtype=torch.float32).to(x.dtype) \
-        if splits2 > 1 else y.view(num_tokens, top_k, hidden).sum(dim=1)
+    return sum_experts(y, num_tokens, top_k, x.dtype)
 
 
-def compile_kernels(prepared: PreparedExperts, top_k: int, swiglu_limit: float, dtype: torch.dtype) -> None:
-    """Run each configuration once (batch 1 with split K, then each config's largest batch up to
-    MAX_TOKENS), so that no serving step waits seconds for Triton to compile one it meets first."""
+def compile_kernels(
+    prepared: PreparedExperts,
+    top_k: int,
+    swiglu_limit: float,
+    dtype: torch.dtype,
+    moe: Callable[..., torch.Tensor] = fused_moe_swapped,
+    slot_bounds: Iterable[int] = CONFIGS,
+) -> None:
+    """Run each configuration once (batch 1 with split K, then each slot bucket's largest batch up
+    to MAX_TOKENS), so that no serving step waits seconds for a compile it meets first. `moe` and
+    its slot buckets: this file's kernel by default, moe_gluon.py's with its own."""
     device = prepared.w1.device
     rng = torch.Generator(device).manual_seed(0)  # leaves the global generator's stream alone
-    largest = [min(MAX_TOKENS, bound * prepared.num_experts // top_k) for bound in CONFIGS]
+    largest = [min(MAX_TOKENS, bound * prepared.num_experts // top_k) for bound in slot_bounds]
     for num_tokens in sorted({1, *largest}):
         x = torch.randn(num_tokens, prepared.hidden, device=device, dtype=dtype, generator=rng)
         ids = torch.randint(0, prepared.num_experts, (num_tokens, top_k), device=device, generator=rng)
         weights = torch.full((num_tokens, top_k), 1.0 / top_k, device=device, dtype=dtype)
-        fused_moe_swapped(x, weights, ids, prepared, swiglu_limit)
+        moe(x, weights, ids, prepared, swiglu_limit)

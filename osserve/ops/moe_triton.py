@@ -117,23 +117,17 @@ def prepare_mxfp4_experts(experts: ExpertWeights, fragments: bool = False) -> Pr
     if fragments:
         from osserve.ops.mxfp4_fragments import pack_words, pad_scales
 
-        return PreparedExperts(
-            w1=pack_words(deinterleave(experts.gate_up_blocks)),
-            s1=pad_scales(deinterleave(experts.gate_up_scales)),
-            b1=deinterleave(experts.gate_up_bias.float()),
-            w2=pack_words(experts.down_blocks),
-            s2=pad_scales(experts.down_scales),
-            b2=experts.down_bias.float().contiguous(),
-            fragments=True,
-        )
-
+        weights, scales = pack_words, pad_scales
+    else:
+        weights, scales = _repair_nibbles, _group_major
     return PreparedExperts(
-        w1=_repair_nibbles(deinterleave(experts.gate_up_blocks)),
-        s1=_group_major(deinterleave(experts.gate_up_scales)),
+        w1=weights(deinterleave(experts.gate_up_blocks)),
+        s1=scales(deinterleave(experts.gate_up_scales)),
         b1=deinterleave(experts.gate_up_bias.float()),
-        w2=_repair_nibbles(experts.down_blocks),
-        s2=_group_major(experts.down_scales),
+        w2=weights(experts.down_blocks),
+        s2=scales(experts.down_scales),
         b2=experts.down_bias.float().contiguous(),
+        fragments=fragments,
     )
 
 
