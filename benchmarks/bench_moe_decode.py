@@ -84,6 +84,13 @@ def kernel_breakdown(prepared: list, num_experts: int, t: int) -> dict[str, floa
     return {ev.key[:40]: ev.device_time_total / calls for ev in prof.key_averages() if ev.device_time_total > 0}
 
 
+def timing_inputs(t: int, num_experts: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:
+    """(x bf16, router weights bf16, expert ids, experts hit) for a timing at T tokens: uniform routing."""
+    x = torch.randn(t, HIDDEN, device="cuda").bfloat16()
+    w, ids = random_routing(t, num_experts, TOP_K, device="cuda")
+    return x, w.bfloat16(), ids, torch.unique(ids).numel()
+
+
 def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
     return ((out.float() - ref).norm() / ref.norm()).item()
 
@@ -121,10 +128,7 @@ def main() -> None:
                   + " / ".join(f"{e:.2e}" for e in errs), flush=True)
             assert all(e < 1e-2 for e in errs), errs
         for t in tokens:
-            x = torch.randn(t, HIDDEN, device="cuda").bfloat16()
-            w, ids = random_routing(t, num_experts, TOP_K, device="cuda")
-            w = w.bfloat16()
-            hit = torch.unique(ids).numel()
+            x, w, ids, hit = timing_inputs(t, num_experts)
             base = graph_time_us([partial(fused_moe_triton, x, w, ids, p, LIMIT) for p in prepared])
             results.append(dict(model=model, T=t, kernel="token-tiled", cfg=str(pick_config(t)), us=base, hit=hit))
             print(f"time {model} T={t} token-tiled {base:.1f} us", flush=True)

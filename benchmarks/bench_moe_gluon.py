@@ -15,19 +15,12 @@ from functools import partial
 import torch
 
 from benchmarks.bench_moe import EXPERT_BYTES, graph_time_us
+from benchmarks.bench_moe_decode import HIDDEN, INTER, LIMIT, MODELS, TOP_K, rel_err, timing_inputs
 from osserve.ops.moe import moe_reference
 from osserve.ops.moe_gluon import fused_moe_gluon
 from osserve.ops.moe_swapped import fused_moe_swapped
 from osserve.ops.moe_triton import prepare_mxfp4_experts
 from tests.ops.moe_fixtures import random_experts, random_routing
-
-HIDDEN = INTER = 2880
-TOP_K, LIMIT = 4, 7.0
-MODELS = {"20b": (32, 4), "120b": (128, 2)}
-
-
-def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
-    return ((out.float() - ref).norm() / ref.norm()).item()
 
 
 def check(originals, fragments, num_experts: int, label: str) -> None:
@@ -71,10 +64,7 @@ def main() -> None:
             e.gate_up_blocks = e.gate_up_scales = e.down_blocks = e.down_scales = None
         torch.cuda.empty_cache()
         for t in tokens:
-            x = torch.randn(t, HIDDEN, device="cuda").bfloat16()
-            w, ids = random_routing(t, num_experts, TOP_K, device="cuda")
-            w = w.bfloat16()
-            hit = torch.unique(ids).numel()
+            x, w, ids, hit = timing_inputs(t, num_experts)
             base = graph_time_us([partial(fused_moe_swapped, x, w, ids, p, LIMIT) for p in swapped])
             new = graph_time_us([partial(fused_moe_gluon, x, w, ids, p, LIMIT) for p in gluon])
             variants = {}
