@@ -51,6 +51,10 @@ def profile_decode_step(engine) -> dict[str, float]:  # type: ignore[no-untyped-
     while engine.has_unfinished():
         engine.step()
     buckets: dict[str, float] = defaultdict(float)
+    kernels = sorted(((ev.device_time_total, ev.count, ev.key) for ev in prof.key_averages() if ev.device_time_total),
+                     reverse=True)
+    print("decode step kernels (us total, launches, name): "
+          + "; ".join(f"{us:.0f} {n}x {name[:48]}" for us, n, name in kernels[:24]), flush=True)
     for ev in prof.key_averages():
         name = ev.key.lower()
         kind = ("attention" if "attn" in name or "attention" in name or "decode" in name or "merge" in name
@@ -165,6 +169,8 @@ def main() -> None:
         run_once(engine, 1, 128, 16, seed=99)  # warm-up: compile every kernel
         b1 = run_once(engine, 1, 1024, args.output_len, seed=1)
         b32 = empty if "b32" in skip else run_once(engine, 32, 1024, args.output_len, seed=2)
+        if "prefill" not in skip:  # once to warm whatever 8 x 2048 meets first, then measured
+            logging.info("prefill warm-up: %.0f tok/s", run_once(engine, 8, 2048, 2, seed=4).prefill_tok_s)
         pre = empty if "prefill" in skip else run_once(engine, 8, 2048, 2, seed=3)
         breakdown = {} if "profile" in skip else profile_decode_step(engine)
         moe = {"b1_us": 0.0, "b1_GBps": 0.0, "b32_GBps": 0.0} if "moe" in skip else moe_bandwidth(name)

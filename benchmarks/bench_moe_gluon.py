@@ -1,9 +1,10 @@
 """The Gluon MoE kernel (moe_gluon.py, MMA-fragment weight layout) against the Triton swapped kernel
 (moe_swapped.py, the engine's default before it), same run, gpt-oss-20b and -120b shapes.
 
-Run on the GPU: PYTHONPATH=$PWD python3 benchmarks/bench_moe_gluon.py [--tokens 1,8,32,256]
+Run on the GPU: PYTHONPATH=$PWD python3 benchmarks/bench_moe_gluon.py [--tokens 1,8,32,256] [--profile]
 Correctness first (bf16 vs the float32 reference at several batch sizes and routings, split K and
-not, and the 64-column K tail), then CUDA-graph timings over L layers with distinct weights, / L;
+not, the 64-column K tail, shared-memory rings of 2-4 steps), then, with --profile, each kernel's
+share of a layer (torch.profiler), then CUDA-graph timings over L layers with distinct weights, / L;
 a table last.
 """
 
@@ -22,6 +23,8 @@ from osserve.ops.moe_swapped import fused_moe_swapped
 from osserve.ops.moe_triton import prepare_mxfp4_experts
 from tests.ops.moe_fixtures import random_experts, random_routing
 
+RINGS = (2, 3, 4)  # shared-memory ring depths checked
+
 
 def check(originals, fragments, num_experts: int, label: str) -> None:
     for t, mode in ((1, "uniform"), (2, "uniform"), (7, "uniform"), (64, "skewed"), (300, "sparse"),
@@ -29,17 +32,35 @@ def check(originals, fragments, num_experts: int, label: str) -> None:
         x = torch.randn(t, HIDDEN, device="cuda").bfloat16()
         w, ids = random_routing(t, num_experts, TOP_K, mode, device="cuda")
         ref = moe_reference(x.float(), w, ids, originals, LIMIT)
-        errs = [rel_err(fused_moe_gluon(x, w.bfloat16(), ids, fragments, LIMIT, min_programs=m), ref)
-                for m in (1, None, 10**6)]
-        errs += [rel_err(fused_moe_gluon(x, w.bfloat16(), ids, fragments, LIMIT, block_t=bt), ref) for bt in (16, 32)]
-        print(f"check {label} T={t} {mode}: gluon (no split, default, max split, bt16, bt32) err "
-              + " / ".join(f"{e:.2e}" for e in errs), flush=True)
-        assert all(e < 1e-2 for e in errs), errs
+        for stages in RINGS:
+            errs = [rel_err(fused_moe_gluon(x, w.bfloat16(), ids, fragments, LIMIT, None, m, stages), ref)
+                    for m in (1, None, 10**6)]
+            errs += [rel_err(fused_moe_gluon(x, w.bfloat16(), ids, fragments, LIMIT, bt, None, stages), ref)
+                     for bt in (16, 32, 64)]
+            print(f"check {label} T={t} {mode} stages {stages}: gluon (no split, default, max split, bt16, bt32, "
+                  "bt64) err " + " / ".join(f"{e:.2e}" for e in errs), flush=True)
+            assert all(e < 1e-2 for e in errs), errs
+
+
+def profile(fn, label: str) -> None:  # type: ignore[no-untyped-def]
+    """Each kernel's mean GPU time in one call of fn (eager launches, 20 calls)."""
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for _ in range(20):
+            fn()
+        torch.cuda.synchronize()
+    kernels = [(e.key, e.device_time_total / 20) for e in prof.key_averages() if e.device_time_total > 0]
+    total = sum(us for _, us in kernels)
+    print(f"profile {label}: {total:.1f} us of kernels: "
+          + "; ".join(f"{name[:40]} {us:.1f}" for name, us in sorted(kernels, key=lambda k: -k[1])), flush=True)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--tokens", default="1,8,32,64,128,256,512,1024")
+    parser.add_argument("--profile", action="store_true", help="each kernel's time at T=1, 8, 32 (20b)")
     args = parser.parse_args()
     tokens = [int(t) for t in args.tokens.split(",")]
     props = torch.cuda.get_device_properties(0)
@@ -49,10 +70,11 @@ def main() -> None:
     small = random_experts(8, 256, 384, device="cuda")
     x = torch.randn(33, 256, device="cuda").bfloat16()
     w, ids = random_routing(33, 8, TOP_K, device="cuda")
-    err = rel_err(fused_moe_gluon(x, w.bfloat16(), ids, prepare_mxfp4_experts(small, fragments=True), LIMIT),
-                  moe_reference(x.float(), w, ids, small, LIMIT))
-    print(f"check H=256 I=384 T=33: err {err:.2e}", flush=True)
-    assert err < 1e-2
+    for stages in RINGS:
+        err = rel_err(fused_moe_gluon(x, w.bfloat16(), ids, prepare_mxfp4_experts(small, fragments=True), LIMIT,
+                                      stages=stages), moe_reference(x.float(), w, ids, small, LIMIT))
+        print(f"check H=256 I=384 T=33 stages {stages}: err {err:.2e}", flush=True)
+        assert err < 1e-2
     rows = []
     for model, (num_experts, layers) in MODELS.items():
         torch.manual_seed(0)
@@ -63,16 +85,21 @@ def main() -> None:
         for e in originals:
             e.gate_up_blocks = e.gate_up_scales = e.down_blocks = e.down_scales = None
         torch.cuda.empty_cache()
+        if args.profile and model == "20b":
+            for t in (1, 8, 32):
+                x, w, ids, _ = timing_inputs(t, num_experts)
+                profile(partial(fused_moe_gluon, x, w, ids, gluon[0], LIMIT), f"{model} T={t}")
         for t in tokens:
             x, w, ids, hit = timing_inputs(t, num_experts)
             base = graph_time_us([partial(fused_moe_swapped, x, w, ids, p, LIMIT) for p in swapped])
             new = graph_time_us([partial(fused_moe_gluon, x, w, ids, p, LIMIT) for p in gluon])
             variants = {}
-            for bt in (16, 32):
-                for m in (1, 2, 4):
-                    variants[f"bt{bt} {m}/SM"] = graph_time_us(
-                        [partial(fused_moe_gluon, x, w, ids, p, LIMIT, bt, m * props.multi_processor_count)
-                         for p in gluon])
+            for stages in (3, 4):
+                for bt in (16, 32, 64):
+                    for m in (1, 2):
+                        variants[f"st{stages} bt{bt} {m}/SM"] = graph_time_us(
+                            [partial(fused_moe_gluon, x, w, ids, p, LIMIT, bt, m * props.multi_processor_count, stages)
+                             for p in gluon])
             best = min(variants, key=variants.get)
             rows.append((model, t, hit, base, new, best, variants[best]))
             print(f"time {model} T={t}: swapped {base:.1f} us, gluon {new:.1f} us; "

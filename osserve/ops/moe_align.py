@@ -36,7 +36,7 @@ def max_padded_rows(num_slots: int, num_experts: int, block_m: int) -> int:
 
 @triton.jit(do_not_specialize=["M", "max_padded", "max_blocks"])  # per-step sizes: no recompiles
 def _align_kernel(
-    ids_ptr,  # [M] int32 expert id of each slot
+    ids_ptr,  # [M] expert id of each slot (int32 or int64: read as given, no conversion launch)
     sorted_ptr,  # [max_padded] int32 out
     block_expert_ptr,  # [max_blocks] int32 out
     num_padded_ptr,  # [1] int32 out
@@ -92,7 +92,7 @@ def align_tokens(topk_ids: torch.Tensor, num_experts: int, block_m: int) -> Rout
     max_padded = max_padded_rows(num_slots, num_experts, block_m)
     max_blocks = triton.cdiv(max_padded, block_m)
     device = topk_ids.device
-    ids = topk_ids.reshape(-1).to(torch.int32)
+    ids = topk_ids.reshape(-1)
     sorted_slots = _empty(max_padded, dtype=torch.int32, device=device)
     block_expert = _empty(max_blocks, dtype=torch.int32, device=device)
     num_padded = _empty(1, dtype=torch.int32, device=device)

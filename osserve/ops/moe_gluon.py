@@ -7,8 +7,10 @@ in Gluon, where the register layouts are ours to state:
   16 bytes per row that become exactly its own left-operand registers: the dequantised tile needs
   no layout conversion (checked at compile time: `assert_trivial`);
 - each word dequantises with a rotate and a mask per bf16x2 register (DEQUANT_PTX);
+- the weights, scales and activations of the next 2-3 K steps are in flight meanwhile, copied
+  (cp.async) into a shared-memory ring: none of them held in registers;
 - one 128-deep async MMA per matrix per K step, the up projection's dequantisation overlapping
-  the gate's MMA, and the next step's weights, scales and activations in flight meanwhile.
+  the gate's MMA.
 The Triton kernels leave the layouts to the compiler, which staged the weights through shared
 memory and waited on each of 2-8 MMAs per K step (NOTES-moe.md).
 """
@@ -19,6 +21,7 @@ import torch
 import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.ampere import async_copy
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, warpgroup_mma, warpgroup_mma_wait
 
 from osserve.ops import moe_swapped
@@ -26,7 +29,6 @@ from osserve.ops.moe import SWIGLU_ALPHA
 from osserve.ops.moe_align import RoutingPlan, align_tokens
 from osserve.ops.moe_swapped import (
     MAX_TOKENS,
-    PROGRAMS_PER_SM,
     SWIGLU_BLOCK_N,
     _swiglu_splits_kernel,
     by_slots,
@@ -78,24 +80,6 @@ def _dequant(words, scales, A_LAYOUT: gl.constexpr):
 
 
 @gluon.jit
-def _load_step(w_ptrs, s_ptrs, k0, TAIL: gl.constexpr, mask, word):
-    """One K step's words and bf16x2 scales. The tail step (64 columns) holds 8 words per row in
-    the same order with b2 = 0 only: word 4q + 2 b2 + jw of a full step is word 2q + jw there."""
-    step = k0 // 128  # k0 is a multiple of 128: offsets stated so (16-byte / 4-byte vector loads)
-    if TAIL:
-        tail_word = (word // 4) * 2 + word % 2
-        ok = (word // 2) % 2 == 0
-        w = gl.load(w_ptrs + step * 16 + (tail_word - word)[None, :], mask=mask & ok[None, :], other=0)
-        s = gl.load(s_ptrs + step * 4, mask=mask & ok[None, :], other=0)
-    else:
-        w = gl.load(w_ptrs + step * 16, mask=mask, other=0)
-        s = gl.load(s_ptrs + step * 4, mask=mask, other=0)
-    # E8M0 s -> bf16 2^(s + 64 - 127) in both halves
-    s16 = (s.to(gl.int32) + 64) << 7
-    return w, s16 | (s16 << 16)
-
-
-@gluon.jit
 def _tile_setup(sorted_ptr, block_expert_ptr, pid_t, num_slots, BLOCK_T: gl.constexpr, layout: gl.constexpr):
     expert = gl.load(block_expert_ptr + pid_t).to(gl.int64)
     rows = pid_t * BLOCK_T + gl.arange(0, BLOCK_T, layout=layout)
@@ -103,62 +87,92 @@ def _tile_setup(sorted_ptr, block_expert_ptr, pid_t, num_slots, BLOCK_T: gl.cons
     return expert, rows, slot, slot < num_slots
 
 
+# Shared-memory ring of the weights: each thread reads back only what its own copies wrote, so a
+# plain row-major layout serves (16-byte reads by 8 threads of a phase hit 8 distinct bank groups).
+RING_LAYOUT = gl.constexpr(gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
+
+
 @gluon.jit
-def _mma_step(wa, sa, wb, sb, b_tile, b_smem, acc_a, acc_b, TWO: gl.constexpr, A_LAYOUT: gl.constexpr):
-    """acc_a += dequant(wa, sa) @ b_tile^T (and acc_b with wb, sb when TWO): b_tile goes through shared
-    memory (the MMA's right operand); matrix b's dequantisation overlaps matrix a's MMA."""
-    b_smem.store(b_tile)
-    fence_async_shared()
-    a = _dequant(wa, sa, A_LAYOUT)
-    acc_a = warpgroup_mma(a, b_smem.permute((1, 0)), acc_a, is_async=True)
+def _issue_step(wa_ring, wb_ring, sa_ring, sb_ring, x_ring, slot, wa_ptrs, sa_ptrs, b_off_w, b_off_s, x_ptrs, x_ok,
+                w_mask, word, kcol, k0, k_end, K, TWO: gl.constexpr):
+    """Start the copies of the K step at k0 into ring slot `slot` (masked off past k_end). K's 64-column
+    tail step holds 8 words per row (word 4q + 2 b2 + jw of a full step is word 2q + jw there): it is
+    copied word by word into the full-step places, b2 = 1 zero-filled, so its consumer is the same."""
+    step = k0 // 128
+    live = k0 < k_end
+    s_mask = w_mask & live
+    async_copy.async_copy_global_to_shared(sa_ring.index(slot), sa_ptrs + step * 4, mask=s_mask)
     if TWO:
-        b = _dequant(wb, sb, A_LAYOUT)
-        acc_b = warpgroup_mma(b, b_smem.permute((1, 0)), acc_b, is_async=True)
-        acc_a, acc_b = warpgroup_mma_wait(0, deps=[acc_a, acc_b, a, b, b_smem])[:2]
+        async_copy.async_copy_global_to_shared(sb_ring.index(slot), sa_ptrs + b_off_s + step * 4, mask=s_mask)
+    if k0 + 128 <= K:
+        async_copy.async_copy_global_to_shared(wa_ring.index(slot), wa_ptrs + step * 16, mask=s_mask)
+        if TWO:
+            async_copy.async_copy_global_to_shared(wb_ring.index(slot), wa_ptrs + b_off_w + step * 16, mask=s_mask)
     else:
-        acc_a = warpgroup_mma_wait(0, deps=[acc_a, a, b_smem])[0]
-    return acc_a, acc_b
+        tail_off = step * 16 + ((word // 4) * 2 + word % 2 - word)[None, :]
+        t_mask = s_mask & ((word // 2) % 2 == 0)[None, :]
+        async_copy.async_copy_global_to_shared(wa_ring.index(slot), wa_ptrs + tail_off, mask=t_mask)
+        if TWO:
+            async_copy.async_copy_global_to_shared(wb_ring.index(slot), wa_ptrs + b_off_w + tail_off, mask=t_mask)
+    async_copy.async_copy_global_to_shared(x_ring.index(slot), x_ptrs + k0, mask=x_ok & (kcol < k_end - k0)[None, :])
 
 
 @gluon.jit
-def _k_loop(wa_ptrs, sa_ptrs, b_off_w, b_off_s, x_ptrs, x_ok, w_mask, word, kcol, k_start, k_end,
-            BLOCK_T: gl.constexpr, TWO: gl.constexpr):
+def _ring_scales(s_ring, slot):
+    s = s_ring.index(slot).load(WORD_LAYOUT)
+    s16 = (s.to(gl.int32) + 64) << 7  # E8M0 s -> bf16 2^(s + 64 - 127) in both halves
+    return s16 | (s16 << 16)
+
+
+@gluon.jit
+def _k_loop(wa_ptrs, sa_ptrs, b_off_w, b_off_s, x_ptrs, x_ok, w_mask, word, kcol, k_start, k_end, K,
+            BLOCK_T: gl.constexpr, TWO: gl.constexpr, STAGES: gl.constexpr):
     """The K loop over [k_start, k_end) of one or two weight matrices (the second at b_off_w words /
-    b_off_s scale bytes from the first) against the [BLOCK_T, K] activation rows at x_ptrs: each
-    step's weights, scales and activations are loaded one step ahead of their use. Returns the
-    [64, BLOCK_T] float32 accumulators in the MMA layout."""
+    b_off_s scale bytes from the first) against the [BLOCK_T, K] activation rows at x_ptrs. Each
+    step's weights, scales and activations are copied (cp.async) into a STAGES-deep shared-memory
+    ring, STAGES - 1 steps ahead of their use; the weights go from there into registers, are
+    dequantised and multiplied by one async MMA per matrix, the second matrix's dequantisation
+    overlapping the first's MMA. Returns the [64, BLOCK_T] float32 accumulators in the MMA layout.
+
+    (Keeping a step's last MMA in flight into the next step made ptxas serialise every wgmma: C7515,
+    the loop-carried accumulator is copied while the MMA runs.)"""
     MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_T, 16])
     A_LAYOUT: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=2)
     X_SMEM: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_T, BLOCK_K], gl.bfloat16)
-    wb_ptrs = wa_ptrs + b_off_w
-    sb_ptrs = sa_ptrs + b_off_s
-    k_full_end = k_start + ((k_end - k_start) // BLOCK_K) * BLOCK_K
-    b_smem = gl.allocate_shared_memory(gl.bfloat16, [BLOCK_T, BLOCK_K], X_SMEM)
+    wa_ring = gl.allocate_shared_memory(gl.int32, [STAGES, 64, 16], RING_LAYOUT)
+    sa_ring = gl.allocate_shared_memory(gl.uint8, [STAGES, 64, 16], RING_LAYOUT)
+    wb_ring, sb_ring = wa_ring, sa_ring
+    if TWO:
+        wb_ring = gl.allocate_shared_memory(gl.int32, [STAGES, 64, 16], RING_LAYOUT)
+        sb_ring = gl.allocate_shared_memory(gl.uint8, [STAGES, 64, 16], RING_LAYOUT)
+    x_ring = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BLOCK_T, BLOCK_K], X_SMEM)
     acc_a = gl.zeros([64, BLOCK_T], gl.float32, MMA)
     acc_b = gl.zeros([64, BLOCK_T], gl.float32, MMA)
 
-    first = w_mask & (k_start < k_full_end)
-    wa, sa = _load_step(wa_ptrs, sa_ptrs, k_start, False, first, word)
-    wb, sb = wa, sa
-    if TWO:
-        wb, sb = _load_step(wb_ptrs, sb_ptrs, k_start, False, first, word)
-    xt = gl.load(x_ptrs + k_start, mask=x_ok & (k_start < k_full_end), other=0.0)
-    for k0 in range(k_start, k_full_end, BLOCK_K):
-        more = w_mask & (k0 + BLOCK_K < k_full_end)
-        wa_n, sa_n = _load_step(wa_ptrs, sa_ptrs, k0 + BLOCK_K, False, more, word)
-        wb_n, sb_n = wa_n, sa_n
+    for i in gl.static_range(STAGES - 1):
+        _issue_step(wa_ring, wb_ring, sa_ring, sb_ring, x_ring, i, wa_ptrs, sa_ptrs, b_off_w, b_off_s, x_ptrs, x_ok,
+                    w_mask, word, kcol, k_start + i * BLOCK_K, k_end, K, TWO)
+        async_copy.commit_group()
+    num_steps = gl.cdiv(k_end - k_start, BLOCK_K)
+    for j in range(num_steps):
+        slot = j % STAGES
+        async_copy.wait_group(STAGES - 2)  # this step's copies (this thread's) are done
+        fence_async_shared()  # ... and visible to the MMA (async proxy)
+        gl.thread_barrier()  # ... everyone's; and every warp is past the MMA that read the slot refilled next
+        nxt = j + STAGES - 1
+        _issue_step(wa_ring, wb_ring, sa_ring, sb_ring, x_ring, nxt % STAGES, wa_ptrs, sa_ptrs, b_off_w, b_off_s,
+                    x_ptrs, x_ok, w_mask, word, kcol, k_start + nxt * BLOCK_K, k_end, K, TWO)
+        async_copy.commit_group()
+        xs = x_ring.index(slot).permute((1, 0))
+        a = _dequant(wa_ring.index(slot).load(WORD_LAYOUT), _ring_scales(sa_ring, slot), A_LAYOUT)
+        acc_a = warpgroup_mma(a, xs, acc_a, is_async=True)
         if TWO:
-            wb_n, sb_n = _load_step(wb_ptrs, sb_ptrs, k0 + BLOCK_K, False, more, word)
-        xt_n = gl.load(x_ptrs + (k0 + BLOCK_K), mask=x_ok & (k0 + BLOCK_K < k_full_end), other=0.0)
-        acc_a, acc_b = _mma_step(wa, sa, wb, sb, xt, b_smem, acc_a, acc_b, TWO, A_LAYOUT)
-        wa, sa, wb, sb, xt = wa_n, sa_n, wb_n, sb_n, xt_n
-    if k_full_end < k_end:  # the last 64 columns of a K that is 64 mod 128
-        wa, sa = _load_step(wa_ptrs, sa_ptrs, k_full_end, True, w_mask, word)
-        wb, sb = wa, sa
-        if TWO:
-            wb, sb = _load_step(wb_ptrs, sb_ptrs, k_full_end, True, w_mask, word)
-        xt = gl.load(x_ptrs + k_full_end, mask=x_ok & (kcol < k_end - k_full_end)[None, :], other=0.0)
-        acc_a, acc_b = _mma_step(wa, sa, wb, sb, xt, b_smem, acc_a, acc_b, TWO, A_LAYOUT)
+            b = _dequant(wb_ring.index(slot).load(WORD_LAYOUT), _ring_scales(sb_ring, slot), A_LAYOUT)
+            acc_b = warpgroup_mma(b, xs, acc_b, is_async=True)
+            acc_a, acc_b = warpgroup_mma_wait(0, deps=[acc_a, acc_b, a, b])[:2]
+        else:
+            acc_a = warpgroup_mma_wait(0, deps=[acc_a, a])[0]
+    async_copy.wait_group(0)
     return acc_a, acc_b
 
 
@@ -203,6 +217,7 @@ def _gate_up_kernel(
     num_slots, N, K, num_t_blocks, num_splits, k_per_split, limit,
     stride_xm, stride_we, stride_wn, stride_se, stride_sn, stride_be, stride_am, stride_ps, stride_pm,
     TOP_K: gl.constexpr, BLOCK_T: gl.constexpr, SPLIT: gl.constexpr, ALPHA: gl.constexpr, UNSCALE: gl.constexpr,
+    STAGES: gl.constexpr,
 ):
 
     pid_t, pid_s, pid_w = _program(num_t_blocks, num_splits)
@@ -218,7 +233,7 @@ def _gate_up_kernel(
     k_start = pid_s * k_per_split
     k_end = gl.minimum(K, k_start + k_per_split)
     acc_g, acc_u = _k_loop(w_ptrs, s_ptrs, N * stride_wn, N * stride_sn, x_ptrs, row_ok[:, None], w_mask, word,
-                           kcol, k_start, k_end, BLOCK_T, True)
+                           kcol, k_start, k_end, K, BLOCK_T, True, STAGES)
 
     acc_g = gl.convert_layout(acc_g * UNSCALE, OUT_LAYOUT)
     acc_u = gl.convert_layout(acc_u * UNSCALE, OUT_LAYOUT)
@@ -245,7 +260,7 @@ def _down_kernel(
     sorted_ptr, block_expert_ptr, num_padded_ptr,
     num_slots, N, K, num_t_blocks, num_splits, k_per_split,
     stride_am, stride_we, stride_wn, stride_se, stride_sn, stride_be, stride_ys, stride_ym,
-    BLOCK_T: gl.constexpr, UNSCALE: gl.constexpr,
+    BLOCK_T: gl.constexpr, UNSCALE: gl.constexpr, STAGES: gl.constexpr,
 ):
 
     pid_t, pid_s, pid_w = _program(num_t_blocks, num_splits)
@@ -259,8 +274,8 @@ def _down_kernel(
                                                     stride_se, stride_sn, WORD_LAYOUT)
     k_start = pid_s * k_per_split
     k_end = gl.minimum(K, k_start + k_per_split)
-    acc, _ = _k_loop(w_ptrs, s_ptrs, 0, 0, x_ptrs, row_ok[:, None], w_mask, word, kcol, k_start, k_end,
-                     BLOCK_T, False)
+    acc, _ = _k_loop(w_ptrs, s_ptrs, 0, 0, x_ptrs, row_ok[:, None], w_mask, word, kcol, k_start, k_end, K,
+                     BLOCK_T, False, STAGES)
 
     acc = gl.convert_layout(acc, OUT_LAYOUT)
     orow, o_ok, prow = _out_rows(pid_w, pid_t, N, BLOCK_T)
@@ -279,9 +294,14 @@ def supported(device: torch.device, hidden: int, intermediate: int) -> bool:
             and hidden % 64 == 0 and intermediate % 64 == 0)
 
 
-# Token tile by the most slots an expert gets on average (T * top_k / E), as in moe_swapped.py; the
-# gate/up kernel spills registers with a 64-slot tile, so 32 serves every larger batch.
-BLOCK_T_BY_SLOTS = {8: 16, 1 << 30: 32}
+# Token tile by the slots an expert gets on average (T * top_k / E), as in moe_swapped.py, and the
+# ring's depth by tile (0 or 1: the register-prefetch loop). H100, bench_moe_gluon.py: 16 up to 8
+# slots (4 stages), 32 up to 32 slots, 64 above (3 stages: 4 leave room for fewer programs per SM).
+BLOCK_T_BY_SLOTS = {8: 16, 32: 32, 1 << 30: 64}
+STAGES_BY_BLOCK_T = {16: 4, 32: 3, 64: 3}
+# Split K only below one program per SM: with the ring, a batch-1 layer's 180 programs per GEMM
+# stream as fast unsplit (20b: 45.9 vs 48.3 us at 2 per SM, which also launched the split sum).
+PROGRAMS_PER_SM = 1
 
 
 def fused_moe_gluon(
@@ -292,12 +312,14 @@ def fused_moe_gluon(
     swiglu_limit: float,
     block_t: int | None = None,
     min_programs: int | None = None,
+    stages: int | None = None,
 ) -> torch.Tensor:
     """x [T, H] bf16 -> [T, H]; same function as moe_reference, on experts prepared with
     fragments=True. Host-sync free, CUDA-graph capturable."""
     if x.shape[0] > MAX_TOKENS:  # moe_swapped's bound: larger batches run in chunks of that many tokens
         return torch.cat([fused_moe_gluon(x[i:i + MAX_TOKENS], topk_weights[i:i + MAX_TOKENS],
-                                          topk_ids[i:i + MAX_TOKENS], prepared, swiglu_limit, block_t, min_programs)
+                                          topk_ids[i:i + MAX_TOKENS], prepared, swiglu_limit, block_t, min_programs,
+                                          stages)
                           for i in range(0, x.shape[0], MAX_TOKENS)])
     assert prepared.fragments, "experts were not prepared in the fragment layout"
     num_tokens, hidden = x.shape
@@ -305,6 +327,7 @@ def fused_moe_gluon(
     num_slots = num_tokens * top_k
     inter = prepared.intermediate
     bt = block_t or by_slots(BLOCK_T_BY_SLOTS, num_tokens, prepared.num_experts, top_k)
+    stages = STAGES_BY_BLOCK_T[bt] if stages is None else stages
     if min_programs is None:
         min_programs = PROGRAMS_PER_SM * torch.cuda.get_device_properties(x.device).multi_processor_count
     x = x.contiguous()
@@ -324,7 +347,8 @@ def fused_moe_gluon(
         num_slots, inter, hidden, tb, splits1, per_split1, float(swiglu_limit),
         x.stride(0), w1.stride(0), w1.stride(1), s1.stride(0), s1.stride(1), b1.stride(0), act.stride(0),
         part.stride(0), part.stride(1),
-        TOP_K=top_k, BLOCK_T=bt, SPLIT=splits1 > 1, ALPHA=SWIGLU_ALPHA, UNSCALE=UNSCALE, num_warps=NUM_WARPS,
+        TOP_K=top_k, BLOCK_T=bt, SPLIT=splits1 > 1, ALPHA=SWIGLU_ALPHA, UNSCALE=UNSCALE, STAGES=stages,
+        num_warps=NUM_WARPS,
     )
     if splits1 > 1:
         _swiglu_splits_kernel[(tb, triton.cdiv(inter, SWIGLU_BLOCK_N))](
@@ -339,7 +363,7 @@ def fused_moe_gluon(
         act, w2, s2, b2, y, topk_w, plan.sorted_slots, plan.block_expert, plan.num_padded,
         num_slots, hidden, inter, tb, splits2, per_split2,
         act.stride(0), w2.stride(0), w2.stride(1), s2.stride(0), s2.stride(1), b2.stride(0), y.stride(0),
-        y.stride(1), BLOCK_T=bt, UNSCALE=UNSCALE, num_warps=NUM_WARPS,
+        y.stride(1), BLOCK_T=bt, UNSCALE=UNSCALE, STAGES=stages, num_warps=NUM_WARPS,
     )
     return sum_experts(y, num_tokens, top_k, x.dtype)
 

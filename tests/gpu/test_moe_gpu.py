@@ -65,15 +65,19 @@ def test_matches_float32_reference(layer, num_tokens: int, mode: str, kernel: st
     [(1, "uniform"), (2, "uniform"), (7, "uniform"), (7, "sparse"), (64, "uniform"), (64, "skewed"),
      (300, "uniform"), (300, "sparse"), (4096, "uniform"), (4096, "skewed"), (5000, "uniform")],
 )
-@pytest.mark.parametrize("variant", ["default", "no-split", "max-split", "tile-16", "tile-32"])
+@pytest.mark.parametrize("variant", ["default", "split", "max-split", "tile-16", "tile-32", "tile-64", "ring-2",
+                                     "tile-16-ring-3", "tile-32-ring-4"])
 def test_gluon_matches_float32_reference(layer, fragments, num_tokens: int, mode: str, variant: str) -> None:
-    """K = 2880 ends on a 64-column tail step; 5000 tokens run as two chunks."""
+    """K = 2880 ends on a 64-column tail step; 5000 tokens run as two chunks. The variants: K split
+    (to 2 programs per SM, and to the most), each token tile, and shared-memory rings of 2-4 steps."""
     experts, _ = layer
     x = torch.randn(num_tokens, HIDDEN, device="cuda").bfloat16()
     weights, ids = random_routing(num_tokens, EXPERTS, TOP_K, mode, device="cuda")
     ref = moe_reference(x.float(), weights, ids, experts, LIMIT)
-    kwargs = {"default": {}, "no-split": {"min_programs": 1}, "max-split": {"min_programs": 10**6},
-              "tile-16": {"block_t": 16}, "tile-32": {"block_t": 32}}[variant]
+    kwargs = {"default": {}, "split": {"min_programs": 264}, "max-split": {"min_programs": 10**6},
+              "tile-16": {"block_t": 16}, "tile-32": {"block_t": 32}, "tile-64": {"block_t": 64},
+              "ring-2": {"stages": 2}, "tile-16-ring-3": {"block_t": 16, "stages": 3},
+              "tile-32-ring-4": {"block_t": 32, "stages": 4}}[variant]
     out = moe_gluon.fused_moe_gluon(x, weights.bfloat16(), ids, fragments, LIMIT, **kwargs)
     assert out.dtype == torch.bfloat16 and out.shape == (num_tokens, HIDDEN)
     assert torch.isfinite(out).all()
@@ -88,7 +92,9 @@ def test_gluon_small_shapes() -> None:
     x = torch.randn(33, 256, device="cuda").bfloat16()
     weights, ids = random_routing(33, 8, TOP_K, device="cuda")
     ref = moe_reference(x.float(), weights, ids, experts, LIMIT)
-    assert _rel_err(moe_gluon.fused_moe_gluon(x, weights.bfloat16(), ids, prepared, LIMIT), ref) < 1e-2
+    for stages in (2, 3, 4):
+        out = moe_gluon.fused_moe_gluon(x, weights.bfloat16(), ids, prepared, LIMIT, stages=stages)
+        assert _rel_err(out, ref) < 1e-2, stages
 
 
 def test_inline_ptx_dequant_path(layer) -> None:

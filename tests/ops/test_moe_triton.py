@@ -53,9 +53,12 @@ def test_configs_and_odd_shapes(config: MoEConfig | None) -> None:
 
 
 @pytest.mark.parametrize("mode", ["uniform", "skewed", "sparse"])
-def test_align_tokens_plan(mode: str) -> None:
+@pytest.mark.parametrize("id_dtype", [torch.int64, torch.int32])
+def test_align_tokens_plan(mode: str, id_dtype: torch.dtype) -> None:
+    """The kernel reads the router's int64 ids as they are (and int32 ones): the same plan."""
     num_tokens, num_experts, top_k, block_m = 37, 8, 4, 16
     _, ids = random_routing(num_tokens, num_experts, top_k, mode)
+    ids = ids.to(id_dtype)
     plan = align_tokens(ids, num_experts, block_m)
     slots = plan.sorted_slots.tolist()
     num_slots = num_tokens * top_k
