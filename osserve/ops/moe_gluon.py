@@ -295,8 +295,8 @@ def supported(device: torch.device, hidden: int, intermediate: int) -> bool:
 
 
 # Token tile by the slots an expert gets on average (T * top_k / E), as in moe_swapped.py, and the
-# ring's depth by tile (0 or 1: the register-prefetch loop). H100, bench_moe_gluon.py: 16 up to 8
-# slots (4 stages), 32 up to 32 slots, 64 above (3 stages: 4 leave room for fewer programs per SM).
+# ring's depth (_k_loop's STAGES, >= 2) by tile. H100, bench_moe_gluon.py: 16 up to 8 slots (4
+# stages), 32 up to 32 slots, 64 above (3 stages: 4 leave room for fewer programs per SM).
 BLOCK_T_BY_SLOTS = {8: 16, 32: 32, 1 << 30: 64}
 STAGES_BY_BLOCK_T = {16: 4, 32: 3, 64: 3}
 # Split K only below one program per SM: with the ring, a batch-1 layer's 180 programs per GEMM
@@ -328,6 +328,7 @@ def fused_moe_gluon(
     inter = prepared.intermediate
     bt = block_t or by_slots(BLOCK_T_BY_SLOTS, num_tokens, prepared.num_experts, top_k)
     stages = STAGES_BY_BLOCK_T[bt] if stages is None else stages
+    assert stages >= 2, "the ring needs a slot in use and one being filled"
     if min_programs is None:
         min_programs = PROGRAMS_PER_SM * torch.cuda.get_device_properties(x.device).multi_processor_count
     x = x.contiguous()
