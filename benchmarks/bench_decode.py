@@ -51,11 +51,11 @@ def profile_decode_step(engine) -> dict[str, float]:  # type: ignore[no-untyped-
     while engine.has_unfinished():
         engine.step()
     buckets: dict[str, float] = defaultdict(float)
-    kernels = sorted(((ev.device_time_total, ev.count, ev.key) for ev in prof.key_averages() if ev.device_time_total),
-                     reverse=True)
+    events = prof.key_averages()
+    kernels = sorted(((ev.device_time_total, ev.count, ev.key) for ev in events if ev.device_time_total), reverse=True)
     print("decode step kernels (us total, launches, name): "
           + "; ".join(f"{us:.0f} {n}x {name[:48]}" for us, n, name in kernels[:24]), flush=True)
-    for ev in prof.key_averages():
+    for ev in events:
         name = ev.key.lower()
         kind = ("attention" if "attn" in name or "attention" in name or "decode" in name or "merge" in name
                 else "moe" if "gate_up" in name or "_down_" in name or "align" in name

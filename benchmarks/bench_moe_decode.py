@@ -67,21 +67,26 @@ def load_baseline(path: str | None):  # type: ignore[no-untyped-def]
     return module
 
 
-def kernel_breakdown(prepared: list, num_experts: int, t: int) -> dict[str, float]:
-    """Mean CUDA µs per layer of each kernel of the default swapped path (PyTorch profiler)."""
-    x = torch.randn(t, HIDDEN, device="cuda").bfloat16()
-    w, ids = random_routing(t, num_experts, TOP_K, device="cuda")
-    w = w.bfloat16()
-    for p in prepared:
-        fused_moe_swapped(x, w, ids, p, LIMIT)
+def kernel_times(fns: list, rounds: int = 5) -> dict[str, float]:  # type: ignore[type-arg]
+    """Mean CUDA µs per call of each kernel the calls `fns` launch (eager, PyTorch profiler), after
+    one warm-up call each."""
+    for fn in fns:
+        fn()
     torch.cuda.synchronize()
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-        for _ in range(5):
-            for p in prepared:
-                fused_moe_swapped(x, w, ids, p, LIMIT)
+        for _ in range(rounds):
+            for fn in fns:
+                fn()
         torch.cuda.synchronize()
-    calls = 5 * len(prepared)
+    calls = rounds * len(fns)
     return {ev.key[:40]: ev.device_time_total / calls for ev in prof.key_averages() if ev.device_time_total > 0}
+
+
+def kernel_breakdown(prepared: list, num_experts: int, t: int) -> dict[str, float]:
+    """Mean CUDA µs per layer of each kernel of the default swapped path."""
+    x = torch.randn(t, HIDDEN, device="cuda").bfloat16()
+    w, ids = random_routing(t, num_experts, TOP_K, device="cuda")
+    return kernel_times([partial(fused_moe_swapped, x, w.bfloat16(), ids, p, LIMIT) for p in prepared])
 
 
 def timing_inputs(t: int, num_experts: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:

@@ -16,7 +16,7 @@ from functools import partial
 import torch
 
 from benchmarks.bench_moe import EXPERT_BYTES, graph_time_us
-from benchmarks.bench_moe_decode import HIDDEN, INTER, LIMIT, MODELS, TOP_K, rel_err, timing_inputs
+from benchmarks.bench_moe_decode import HIDDEN, INTER, LIMIT, MODELS, TOP_K, kernel_times, rel_err, timing_inputs
 from osserve.ops.moe import moe_reference
 from osserve.ops.moe_gluon import fused_moe_gluon
 from osserve.ops.moe_swapped import fused_moe_swapped
@@ -43,18 +43,10 @@ def check(originals, fragments, num_experts: int, label: str) -> None:
 
 
 def profile(fn, label: str) -> None:  # type: ignore[no-untyped-def]
-    """Each kernel's mean GPU time in one call of fn (eager launches, 20 calls)."""
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-        for _ in range(20):
-            fn()
-        torch.cuda.synchronize()
-    kernels = [(e.key, e.device_time_total / 20) for e in prof.key_averages() if e.device_time_total > 0]
-    total = sum(us for _, us in kernels)
-    print(f"profile {label}: {total:.1f} us of kernels: "
-          + "; ".join(f"{name[:40]} {us:.1f}" for name, us in sorted(kernels, key=lambda k: -k[1])), flush=True)
+    """Each kernel's mean GPU time in one call of fn (bench_moe_decode.kernel_times, 20 calls)."""
+    kernels = kernel_times([fn], rounds=20)
+    print(f"profile {label}: {sum(kernels.values()):.1f} us of kernels: "
+          + "; ".join(f"{name} {us:.1f}" for name, us in sorted(kernels.items(), key=lambda k: -k[1])), flush=True)
 
 
 def main() -> None:
