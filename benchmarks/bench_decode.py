@@ -52,9 +52,7 @@ def profile_decode_step(engine) -> dict[str, float]:  # type: ignore[no-untyped-
         engine.step()
     buckets: dict[str, float] = defaultdict(float)
     events = prof.key_averages()
-    kernels = sorted(((ev.device_time_total, ev.count, ev.key) for ev in events if ev.device_time_total), reverse=True)
-    print("decode step kernels (us total, launches, name): "
-          + "; ".join(f"{us:.0f} {n}x {name[:48]}" for us, n, name in kernels[:24]), flush=True)
+    print_kernels("decode step", events)
     for ev in events:
         name = ev.key.lower()
         kind = ("attention" if "attn" in name or "attention" in name or "decode" in name or "merge" in name
@@ -66,6 +64,28 @@ def profile_decode_step(engine) -> dict[str, float]:  # type: ignore[no-untyped-
                 else "other")
         buckets[kind] += ev.device_time_total / 1000.0  # ms
     return dict(buckets)
+
+
+def print_kernels(label: str, events) -> None:  # type: ignore[no-untyped-def]
+    """The 24 kernels with the most GPU time in a profile: total µs, launches, name."""
+    kernels = sorted(((ev.device_time_total, ev.count, ev.key) for ev in events if ev.device_time_total), reverse=True)
+    print(f"{label} kernels ({sum(k[0] for k in kernels) / 1000:.1f} ms; us total, launches, name): "
+          + "; ".join(f"{us:.0f} {n}x {name[:48]}" for us, n, name in kernels[:24]), flush=True)
+
+
+def profile_prefill_step(engine) -> None:  # type: ignore[no-untyped-def]
+    """The kernels of one 8 x 2048-token prefill step (eager: prefill runs outside the graphs)."""
+    from osserve.engine.sampling_params import SamplingParams
+
+    for i in range(8):
+        prompt = [(1000 + 7 * i + j) % 50000 for j in range(2048)]
+        engine.add_request(f"prefill-prof-{i}", prompt, SamplingParams(temperature=0, max_tokens=1, ignore_eos=True))
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        engine.step()
+        torch.cuda.synchronize()
+    while engine.has_unfinished():
+        engine.step()
+    print_kernels("prefill step", prof.key_averages())
 
 
 def moe_bandwidth(name: str) -> dict[str, float]:
@@ -172,6 +192,8 @@ def main() -> None:
         if "prefill" not in skip:  # once to warm whatever 8 x 2048 meets first, then measured
             logging.info("prefill warm-up: %.0f tok/s", run_once(engine, 8, 2048, 2, seed=4).prefill_tok_s)
         pre = empty if "prefill" in skip else run_once(engine, 8, 2048, 2, seed=3)
+        if "profile" not in skip and "prefill" not in skip:
+            profile_prefill_step(engine)
         breakdown = {} if "profile" in skip else profile_decode_step(engine)
         moe = {"b1_us": 0.0, "b1_GBps": 0.0, "b32_GBps": 0.0} if "moe" in skip else moe_bandwidth(name)
         need = bytes_per_decode_token(name, 1024 + args.output_len // 2)

@@ -37,8 +37,10 @@ def check(originals, fragments, num_experts: int, label: str) -> None:
                     for m in (1, None, 10**6)]
             errs += [rel_err(fused_moe_gluon(x, w.bfloat16(), ids, fragments, LIMIT, bt, None, stages), ref)
                      for bt in (16, 32, 64)]
+            errs += [rel_err(fused_moe_gluon(x, w.bfloat16(), ids, fragments, LIMIT, stages=stages, gate_up_tiles=n),
+                             ref) for n in (1, 2)]
             print(f"check {label} T={t} {mode} stages {stages}: gluon (no split, default, max split, bt16, bt32, "
-                  "bt64) err " + " / ".join(f"{e:.2e}" for e in errs), flush=True)
+                  "bt64, 1 and 2 gate/up tiles) err " + " / ".join(f"{e:.2e}" for e in errs), flush=True)
             assert all(e < 1e-2 for e in errs), errs
 
 
@@ -92,6 +94,15 @@ def main() -> None:
                         variants[f"st{stages} bt{bt} {m}/SM"] = graph_time_us(
                             [partial(fused_moe_gluon, x, w, ids, p, LIMIT, bt, m * props.multi_processor_count, stages)
                              for p in gluon])
+            # one or two 64-row gate/up tiles per program; the down GEMM's K split alone
+            for n in (1, 2):
+                variants[f"{n} gate/up tiles"] = graph_time_us(
+                    [partial(fused_moe_gluon, x, w, ids, p, LIMIT, gate_up_tiles=n) for p in gluon])
+            if t <= 32:
+                for m in (1, 2, 3):
+                    down_min = m * props.multi_processor_count
+                    variants[f"down {m}/SM"] = graph_time_us(
+                        [partial(fused_moe_gluon, x, w, ids, p, LIMIT, down_min_programs=down_min) for p in gluon])
             best = min(variants, key=variants.get)
             rows.append((model, t, hit, base, new, best, variants[best]))
             print(f"time {model} T={t}: swapped {base:.1f} us, gluon {new:.1f} us; "

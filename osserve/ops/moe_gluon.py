@@ -9,8 +9,10 @@ in Gluon, where the register layouts are ours to state:
 - each word dequantises with a rotate and a mask per bf16x2 register (DEQUANT_PTX);
 - the weights, scales and activations of the next 2-3 K steps are in flight meanwhile, copied
   (cp.async) into a shared-memory ring: none of them held in registers;
-- one 128-deep async MMA per matrix per K step, the up projection's dequantisation overlapping
-  the gate's MMA.
+- gate/up rows are paired (mxfp4_fragments.pair_eights), so each 64-row tile yields 32 finished
+  SwiGLU columns: a program takes one tile (small batches: twice the programs) or two (one
+  128-deep async MMA per tile per K step, the second tile's dequantisation overlapping the first's
+  MMA).
 The Triton kernels leave the layouts to the compiler, which staged the weights through shared
 memory and waited on each of 2-8 MMAs per K step (NOTES-moe.md).
 """
@@ -51,6 +53,7 @@ NUM_WARPS = 4
 # rows, BLOCK_T] epilogue tile with the rows fastest (coalesced stores of act / y rows).
 X_LAYOUT = gl.constexpr(gl.BlockedLayout([1, 8], [2, 16], [4, 1], [1, 0]))
 OUT_LAYOUT = gl.constexpr(gl.BlockedLayout([1, 1], [32, 1], [4, 1], [0, 1]))
+OUT_LAYOUT_32 = gl.constexpr(gl.BlockedLayout([1, 1], [32, 1], [1, 4], [0, 1]))  # [32 act columns, BLOCK_T]
 
 # [64 rows, 16 words] of a K step: a thread holds rows g, g+8 of its warp's 16 and words 4q..4q+3.
 WORD_LAYOUT = gl.constexpr(gl.DistributedLinearLayout(
@@ -200,11 +203,47 @@ def _program(num_t_blocks, num_splits):
 
 
 @gluon.jit
-def _out_rows(pid_w, pid_t, N, BLOCK_T: gl.constexpr):
-    """The epilogue's weight rows, their mask, and the plan rows of the token tile (OUT_LAYOUT)."""
-    orow = pid_w * 64 + gl.arange(0, 64, layout=gl.SliceLayout(1, OUT_LAYOUT))
-    prow = pid_t * BLOCK_T + gl.arange(0, BLOCK_T, layout=gl.SliceLayout(0, OUT_LAYOUT))
+def _out_rows(row0, N, pid_t, ROWS: gl.constexpr, BLOCK_T: gl.constexpr, layout: gl.constexpr):
+    """The epilogue's output rows row0.. (ROWS of them), their mask, and the plan rows of the token tile."""
+    orow = row0 + gl.arange(0, ROWS, layout=gl.SliceLayout(1, layout))
+    prow = pid_t * BLOCK_T + gl.arange(0, BLOCK_T, layout=gl.SliceLayout(0, layout))
     return orow, orow < N, prow
+
+
+@gluon.jit
+def _split_pairs(acc, BLOCK_T: gl.constexpr):
+    """[64, BT] accumulator of paired rows (mxfp4_fragments.pair_eights: per 16 rows, 8 gates then
+    their 8 ups) -> gate, up [32, BT] in the 32-row output layout. Rows r and r + 8 of a warp's 16
+    are one thread's registers, so the split itself moves no data."""
+    t = gl.permute(gl.reshape(acc, [4, 2, 8, BLOCK_T]), [0, 2, 3, 1])  # [warp, g, token, half]
+    gate, up = gl.split(t)
+    gate = gl.convert_layout(gl.reshape(gate, [32, BLOCK_T]), OUT_LAYOUT_32)
+    up = gl.convert_layout(gl.reshape(up, [32, BLOCK_T]), OUT_LAYOUT_32)
+    return gate, up
+
+
+@gluon.jit
+def _gate_up_epilogue(acc, tile, expert, pid_s, pid_t, N, limit, b_ptr, act_ptr, part_ptr, sorted_ptr,
+                      num_slots, stride_be, stride_am, stride_ps, stride_pm, BLOCK_T: gl.constexpr,
+                      SPLIT: gl.constexpr, ALPHA: gl.constexpr, UNSCALE: gl.constexpr):
+    """The 32 act columns of 64-row tile `tile`: bias + clamped SwiGLU into act, or with split K the
+    float32 partial sums (gate at column c, up at N + c) for _swiglu_splits_kernel."""
+    gate, up = _split_pairs(acc * UNSCALE, BLOCK_T)
+    col, c_ok, prow = _out_rows(tile * 32, N, pid_t, 32, BLOCK_T, OUT_LAYOUT_32)
+    p_ok = gl.load(sorted_ptr + prow) < num_slots
+    if SPLIT:
+        p_ptrs = part_ptr + pid_s.to(gl.int64) * stride_ps + prow[None, :].to(gl.int64) * stride_pm + col[:, None]
+        p_mask = c_ok[:, None] & p_ok[None, :]
+        gl.store(p_ptrs, gate, mask=p_mask)
+        gl.store(p_ptrs + N, up, mask=p_mask)
+    else:
+        bg = gl.load(b_ptr + expert * stride_be + col, mask=c_ok, other=0.0)
+        bu = gl.load(b_ptr + expert * stride_be + N + col, mask=c_ok, other=0.0)
+        gate = gl.minimum(gate + bg[:, None], limit)
+        up = gl.minimum(gl.maximum(up + bu[:, None], -limit), limit)
+        h = gate * (1.0 / (1.0 + gl.exp(-ALPHA * gate))) * (up + 1.0)  # moe.py's clamped SwiGLU
+        a_out = act_ptr + prow[None, :].to(gl.int64) * stride_am + col[:, None]
+        gl.store(a_out, h.to(act_ptr.dtype.element_ty), mask=c_ok[:, None] & (prow >= 0)[None, :])
 
 
 _PER_STEP = ["num_slots", "num_t_blocks", "num_splits"]
@@ -217,9 +256,11 @@ def _gate_up_kernel(
     num_slots, N, K, num_t_blocks, num_splits, k_per_split, limit,
     stride_xm, stride_we, stride_wn, stride_se, stride_sn, stride_be, stride_am, stride_ps, stride_pm,
     TOP_K: gl.constexpr, BLOCK_T: gl.constexpr, SPLIT: gl.constexpr, ALPHA: gl.constexpr, UNSCALE: gl.constexpr,
-    STAGES: gl.constexpr,
+    STAGES: gl.constexpr, TILES: gl.constexpr,
 ):
-
+    """w's rows are paired (mxfp4_fragments.pair_eights): a 64-row tile is 32 columns' gate and up.
+    A program takes TILES (1 or 2) consecutive tiles: 2 shares each activation step between two
+    MMAs, 1 makes twice the programs (batch 1: 360 instead of 180 for 132 SMs)."""
     pid_t, pid_s, pid_w = _program(num_t_blocks, num_splits)
     if pid_t * BLOCK_T >= gl.load(num_padded_ptr):
         return
@@ -228,30 +269,18 @@ def _gate_up_kernel(
     token = (slot // TOP_K).to(gl.int64)
     kcol = gl.arange(0, BLOCK_K, layout=gl.SliceLayout(0, X_LAYOUT))
     x_ptrs = x_ptr + token[:, None] * stride_xm + kcol[None, :]  # [BT, BK]
-    w_ptrs, s_ptrs, w_mask, word = _weight_pointers(w_ptr, s_ptr, expert, pid_w, N, stride_we, stride_wn,
+    tile = pid_w * TILES
+    w_ptrs, s_ptrs, w_mask, word = _weight_pointers(w_ptr, s_ptr, expert, tile, 2 * N, stride_we, stride_wn,
                                                     stride_se, stride_sn, WORD_LAYOUT)
     k_start = pid_s * k_per_split
     k_end = gl.minimum(K, k_start + k_per_split)
-    acc_g, acc_u = _k_loop(w_ptrs, s_ptrs, N * stride_wn, N * stride_sn, x_ptrs, row_ok[:, None], w_mask, word,
-                           kcol, k_start, k_end, K, BLOCK_T, True, STAGES)
-
-    acc_g = gl.convert_layout(acc_g * UNSCALE, OUT_LAYOUT)
-    acc_u = gl.convert_layout(acc_u * UNSCALE, OUT_LAYOUT)
-    orow, o_ok, prow = _out_rows(pid_w, pid_t, N, BLOCK_T)
-    p_ok = gl.load(sorted_ptr + prow) < num_slots
-    if SPLIT:  # partial sums; moe_swapped's _swiglu_splits_kernel adds them up and applies the epilogue
-        p_ptrs = part_ptr + pid_s.to(gl.int64) * stride_ps + prow[None, :].to(gl.int64) * stride_pm + orow[:, None]
-        p_mask = o_ok[:, None] & p_ok[None, :]
-        gl.store(p_ptrs, acc_g, mask=p_mask)
-        gl.store(p_ptrs + N, acc_u, mask=p_mask)
-    else:
-        bg = gl.load(b_ptr + expert * stride_be + orow, mask=o_ok, other=0.0)
-        bu = gl.load(b_ptr + expert * stride_be + N + orow, mask=o_ok, other=0.0)
-        gate = gl.minimum(acc_g + bg[:, None], limit)
-        up = gl.minimum(gl.maximum(acc_u + bu[:, None], -limit), limit)
-        h = gate * (1.0 / (1.0 + gl.exp(-ALPHA * gate))) * (up + 1.0)  # moe.py's clamped SwiGLU
-        a_out = act_ptr + prow[None, :].to(gl.int64) * stride_am + orow[:, None]
-        gl.store(a_out, h.to(act_ptr.dtype.element_ty), mask=o_ok[:, None] & (prow >= 0)[None, :])
+    acc_a, acc_b = _k_loop(w_ptrs, s_ptrs, 64 * stride_wn, 64 * stride_sn, x_ptrs, row_ok[:, None], w_mask, word,
+                           kcol, k_start, k_end, K, BLOCK_T, TILES == 2, STAGES)
+    _gate_up_epilogue(acc_a, tile, expert, pid_s, pid_t, N, limit, b_ptr, act_ptr, part_ptr, sorted_ptr, num_slots,
+                      stride_be, stride_am, stride_ps, stride_pm, BLOCK_T, SPLIT, ALPHA, UNSCALE)
+    if TILES == 2:
+        _gate_up_epilogue(acc_b, tile + 1, expert, pid_s, pid_t, N, limit, b_ptr, act_ptr, part_ptr, sorted_ptr,
+                          num_slots, stride_be, stride_am, stride_ps, stride_pm, BLOCK_T, SPLIT, ALPHA, UNSCALE)
 
 
 @gluon.jit(do_not_specialize=_PER_STEP)
@@ -278,7 +307,7 @@ def _down_kernel(
                      BLOCK_T, False, STAGES)
 
     acc = gl.convert_layout(acc, OUT_LAYOUT)
-    orow, o_ok, prow = _out_rows(pid_w, pid_t, N, BLOCK_T)
+    orow, o_ok, prow = _out_rows(pid_w * 64, N, pid_t, 64, BLOCK_T, OUT_LAYOUT)
     pslot = gl.load(sorted_ptr + prow)
     p_ok = pslot < num_slots
     bias = gl.load(b_ptr + expert * stride_be + orow, mask=o_ok & (pid_s == 0), other=0.0)  # first split only
@@ -302,6 +331,16 @@ STAGES_BY_BLOCK_T = {16: 4, 32: 3, 64: 3}
 # Split K only below one program per SM: with the ring, a batch-1 layer's 180 programs per GEMM
 # stream as fast unsplit (20b: 45.9 vs 48.3 us at 2 per SM, which also launched the split sum).
 PROGRAMS_PER_SM = 1
+# The down GEMM's splits cost no extra pass (sum_experts adds them): at batch 1 its 180 programs
+# split in two run faster (20b 45.8 -> 44.3 us a layer, 120b 49.7 -> 47.2; 3 and 4 per SM slower).
+DOWN_PROGRAMS_PER_SM = 2
+# 64-row gate/up tiles per program by token tile. One doubles the programs (batch 1: 360 for 132
+# SMs instead of 180) and shortens each K step's chain; two share each activation step between two
+# MMAs, which pays once the activation tile is the larger read. H100, bench_moe_gluon.py, one tile
+# vs two: 20b T=1 40.8 vs 44.5 us, T=8 177.4 vs 182.5, T=32 239.3 vs 243.5 (16-token tiles); T=256
+# 326.2 vs 316.9 (32), T=1024 863.4 vs 790.9 (64); 120b T=256 991.7 vs 1001.2 (16), T=1024 1504.5
+# vs 1458.7 (32).
+GATE_UP_TILES_BY_BLOCK_T = {16: 1, 32: 2, 64: 2}
 
 
 def fused_moe_gluon(
@@ -313,13 +352,18 @@ def fused_moe_gluon(
     block_t: int | None = None,
     min_programs: int | None = None,
     stages: int | None = None,
+    down_min_programs: int | None = None,
+    gate_up_tiles: int | None = None,
 ) -> torch.Tensor:
     """x [T, H] bf16 -> [T, H]; same function as moe_reference, on experts prepared with
-    fragments=True. Host-sync free, CUDA-graph capturable."""
+    fragments=True. Host-sync free, CUDA-graph capturable. K is split until a GEMM has
+    min_programs (gate/up) or down_min_programs (down) programs; defaults: PROGRAMS_PER_SM and
+    DOWN_PROGRAMS_PER_SM per SM. gate_up_tiles: 64-row tiles per gate/up program (1 or 2; default
+    by token tile, GATE_UP_TILES_BY_BLOCK_T)."""
     if x.shape[0] > MAX_TOKENS:  # moe_swapped's bound: larger batches run in chunks of that many tokens
         return torch.cat([fused_moe_gluon(x[i:i + MAX_TOKENS], topk_weights[i:i + MAX_TOKENS],
                                           topk_ids[i:i + MAX_TOKENS], prepared, swiglu_limit, block_t, min_programs,
-                                          stages)
+                                          stages, down_min_programs, gate_up_tiles)
                           for i in range(0, x.shape[0], MAX_TOKENS)])
     assert prepared.fragments, "experts were not prepared in the fragment layout"
     num_tokens, hidden = x.shape
@@ -329,8 +373,9 @@ def fused_moe_gluon(
     bt = block_t or by_slots(BLOCK_T_BY_SLOTS, num_tokens, prepared.num_experts, top_k)
     stages = STAGES_BY_BLOCK_T[bt] if stages is None else stages
     assert stages >= 2, "the ring needs a slot in use and one being filled"
-    if min_programs is None:
-        min_programs = PROGRAMS_PER_SM * torch.cuda.get_device_properties(x.device).multi_processor_count
+    sms = torch.cuda.get_device_properties(x.device).multi_processor_count
+    min_programs = PROGRAMS_PER_SM * sms if min_programs is None else min_programs
+    down_min_programs = DOWN_PROGRAMS_PER_SM * sms if down_min_programs is None else down_min_programs
     x = x.contiguous()
     topk_w = topk_weights.reshape(-1).contiguous()
     plan: RoutingPlan = align_tokens(topk_ids, prepared.num_experts, bt)
@@ -340,7 +385,8 @@ def fused_moe_gluon(
     w2, s2, b2 = prepared.w2, prepared.s2, prepared.b2
     tb = plan.max_blocks
     used_t_blocks = used_tiles(plan, num_slots, bt, prepared.num_experts)
-    w_blocks1 = triton.cdiv(inter, BLOCK_W)
+    gate_up_tiles = GATE_UP_TILES_BY_BLOCK_T[bt] if gate_up_tiles is None else gate_up_tiles
+    w_blocks1 = triton.cdiv(2 * inter, gate_up_tiles * BLOCK_W)
     splits1, per_split1 = split_k(used_t_blocks * w_blocks1, hidden, int(BLOCK_K), min_programs)
     part = torch.empty(splits1, rows, 2 * inter, dtype=torch.float32, device=x.device) if splits1 > 1 else act
     _gate_up_kernel[(tb * splits1 * w_blocks1,)](
@@ -349,7 +395,7 @@ def fused_moe_gluon(
         x.stride(0), w1.stride(0), w1.stride(1), s1.stride(0), s1.stride(1), b1.stride(0), act.stride(0),
         part.stride(0), part.stride(1),
         TOP_K=top_k, BLOCK_T=bt, SPLIT=splits1 > 1, ALPHA=SWIGLU_ALPHA, UNSCALE=UNSCALE, STAGES=stages,
-        num_warps=NUM_WARPS,
+        TILES=gate_up_tiles, num_warps=NUM_WARPS,
     )
     if splits1 > 1:
         _swiglu_splits_kernel[(tb, triton.cdiv(inter, SWIGLU_BLOCK_N))](
@@ -358,7 +404,7 @@ def fused_moe_gluon(
             act.stride(0), BLOCK_T=bt, BLOCK_N=SWIGLU_BLOCK_N, ALPHA=SWIGLU_ALPHA,
         )
     w_blocks2 = triton.cdiv(hidden, BLOCK_W)
-    splits2, per_split2 = split_k(used_t_blocks * w_blocks2, inter, int(BLOCK_K), min_programs)
+    splits2, per_split2 = split_k(used_t_blocks * w_blocks2, inter, int(BLOCK_K), down_min_programs)
     y = down_output(splits2, num_slots, hidden, x)
     _down_kernel[(tb * splits2 * w_blocks2,)](
         act, w2, s2, b2, y, topk_w, plan.sorted_slots, plan.block_expert, plan.num_padded,

@@ -115,14 +115,14 @@ def prepare_mxfp4_experts(experts: ExpertWeights, fragments: bool = False) -> Pr
         return torch.cat((t[:, 0::2], t[:, 1::2]), dim=1).contiguous()
 
     if fragments:
-        from osserve.ops.mxfp4_fragments import pack_words, pad_scales
+        from osserve.ops.mxfp4_fragments import pack_words, pad_scales, pair_eights
 
-        weights, scales = pack_words, pad_scales
+        weights, scales, gate_up_rows = pack_words, pad_scales, pair_eights
     else:
-        weights, scales = _repair_nibbles, _group_major
+        weights, scales, gate_up_rows = _repair_nibbles, _group_major, deinterleave
     return PreparedExperts(
-        w1=weights(deinterleave(experts.gate_up_blocks)),
-        s1=scales(deinterleave(experts.gate_up_scales)),
+        w1=weights(gate_up_rows(experts.gate_up_blocks)),
+        s1=scales(gate_up_rows(experts.gate_up_scales)),
         b1=deinterleave(experts.gate_up_bias.float()),
         w2=weights(experts.down_blocks),
         s2=scales(experts.down_scales),

@@ -119,6 +119,18 @@ def pack_words(blocks: torch.Tensor) -> torch.Tensor:
     return out
 
 
+def pair_eights(t: torch.Tensor) -> torch.Tensor:
+    """Checkpoint gate/up rows [E, 2I, ...] (gate c at row 2c, up c at 2c + 1) -> 16-row blocks of
+    8 gate rows then the same 8 columns' up rows: block b = gates 8b..8b+7, ups 8b..8b+7.
+
+    A warp's 16 MMA rows then hold gate and up of 8 columns, and the thread with row g also has row
+    g + 8: its accumulator has both halves of each of its SwiGLUs (moe_gluon.py), whatever the
+    number of 64-row tiles a program takes."""
+    e, rows, *rest = t.shape
+    assert rows % 16 == 0, "pairing needs the intermediate size a multiple of 8"
+    return t.reshape(e, rows // 16, 8, 2, *rest).transpose(2, 3).reshape(t.shape).contiguous()
+
+
 def pad_scales(scales: torch.Tensor) -> torch.Tensor:
     """[E, rows, G] uint8 -> [E, rows, ceil(G/4)*4], zero-padded: 4-byte-aligned loads per K step."""
     pad = (-scales.shape[-1]) % 4

@@ -66,10 +66,12 @@ def test_matches_float32_reference(layer, num_tokens: int, mode: str, kernel: st
      (300, "uniform"), (300, "sparse"), (4096, "uniform"), (4096, "skewed"), (5000, "uniform")],
 )
 @pytest.mark.parametrize("variant", ["default", "split", "max-split", "tile-16", "tile-32", "tile-64", "ring-2",
-                                     "tile-16-ring-3", "tile-32-ring-4"])
+                                     "tile-16-ring-3", "tile-32-ring-4", "one-row-tile", "two-row-tiles",
+                                     "one-row-tile-max-split", "down-unsplit", "down-max-split"])
 def test_gluon_matches_float32_reference(layer, fragments, num_tokens: int, mode: str, variant: str) -> None:
     """K = 2880 ends on a 64-column tail step; 5000 tokens run as two chunks. The variants: K split
-    (to 2 programs per SM, and to the most), each token tile, and shared-memory rings of 2-4 steps."""
+    (to 2 programs per SM, and to the most), each token tile, shared-memory rings of 2-4 steps, one
+    or two 64-row gate/up tiles per program, the down GEMM's K split alone."""
     experts, _ = layer
     x = torch.randn(num_tokens, HIDDEN, device="cuda").bfloat16()
     weights, ids = random_routing(num_tokens, EXPERTS, TOP_K, mode, device="cuda")
@@ -77,7 +79,10 @@ def test_gluon_matches_float32_reference(layer, fragments, num_tokens: int, mode
     kwargs = {"default": {}, "split": {"min_programs": 264}, "max-split": {"min_programs": 10**6},
               "tile-16": {"block_t": 16}, "tile-32": {"block_t": 32}, "tile-64": {"block_t": 64},
               "ring-2": {"stages": 2}, "tile-16-ring-3": {"block_t": 16, "stages": 3},
-              "tile-32-ring-4": {"block_t": 32, "stages": 4}}[variant]
+              "tile-32-ring-4": {"block_t": 32, "stages": 4}, "one-row-tile": {"gate_up_tiles": 1},
+              "two-row-tiles": {"gate_up_tiles": 2},
+              "one-row-tile-max-split": {"gate_up_tiles": 1, "min_programs": 10**6},
+              "down-unsplit": {"down_min_programs": 1}, "down-max-split": {"down_min_programs": 10**6}}[variant]
     out = moe_gluon.fused_moe_gluon(x, weights.bfloat16(), ids, fragments, LIMIT, **kwargs)
     assert out.dtype == torch.bfloat16 and out.shape == (num_tokens, HIDDEN)
     assert torch.isfinite(out).all()
@@ -93,8 +98,24 @@ def test_gluon_small_shapes() -> None:
     weights, ids = random_routing(33, 8, TOP_K, device="cuda")
     ref = moe_reference(x.float(), weights, ids, experts, LIMIT)
     for stages in (2, 3, 4):
-        out = moe_gluon.fused_moe_gluon(x, weights.bfloat16(), ids, prepared, LIMIT, stages=stages)
-        assert _rel_err(out, ref) < 1e-2, stages
+        for tiles in (1, 2):
+            out = moe_gluon.fused_moe_gluon(x, weights.bfloat16(), ids, prepared, LIMIT, stages=stages,
+                                            gate_up_tiles=tiles)
+            assert _rel_err(out, ref) < 1e-2, (stages, tiles)
+
+
+@pytest.mark.parametrize("num_tokens,mode", [(600, "uniform"), (3000, "skewed"), (3000, "sparse")])
+def test_dense_prefill_path_matches_float32_reference(layer, num_tokens: int, mode: str) -> None:
+    """Whole prompts: per-expert dequantisation + cuBLAS, the one-pass SwiGLU and combine kernels."""
+    from osserve.ops.moe_dense import moe_prefill_dense
+
+    experts, _ = layer
+    x = torch.randn(num_tokens, HIDDEN, device="cuda").bfloat16()
+    weights, ids = random_routing(num_tokens, EXPERTS, TOP_K, mode, device="cuda")
+    ref = moe_reference(x.float(), weights, ids, experts, LIMIT)
+    out = moe_prefill_dense(x, weights.bfloat16(), ids, experts, LIMIT)
+    assert out.dtype == torch.bfloat16 and out.shape == (num_tokens, HIDDEN)
+    assert _rel_err(out, ref) < 1e-2
 
 
 def test_inline_ptx_dequant_path(layer) -> None:

@@ -41,3 +41,21 @@ def test_bit_places_tile_the_word_and_match_the_ptx() -> None:
 def test_k_must_be_whole_64_column_steps() -> None:
     with pytest.raises(AssertionError):
         word_columns(96)
+
+
+def test_prepared_gate_up_rows_pair_gate_and_up_of_eight_columns() -> None:
+    """prepare_mxfp4_experts(fragments=True): each 16 rows of gate/up are 8 columns' gates, then
+    the same columns' ups (row r and r + 8 in one MMA thread: moe_gluon.py's _split_pairs)."""
+    from osserve.ops.moe_triton import prepare_mxfp4_experts
+    from tests.ops.moe_fixtures import random_experts
+
+    torch.manual_seed(3)
+    ex = random_experts(2, 64, 64)
+    prepared = prepare_mxfp4_experts(ex, fragments=True)
+    dense = ex.gate_up(torch.float32)  # [E, 2I, H]: gate c at row 2c, up c at 2c + 1
+    for expert in range(2):
+        got = emulate_dequant(prepared.w1[expert], prepared.s1[expert], 64)
+        for r in range(2 * 64):
+            column, is_up = 8 * (r // 16) + r % 8, r % 16 >= 8
+            assert torch.equal(got[r], dense[expert, 2 * column + is_up]), r
+    assert torch.equal(prepared.b1, torch.cat((ex.gate_up_bias[:, 0::2], ex.gate_up_bias[:, 1::2]), 1).float())
