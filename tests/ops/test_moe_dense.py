@@ -23,14 +23,15 @@ def test_triton_dequant_and_dense_prefill_path() -> None:
 
 
 def test_swiglu_kernel_matches_reference() -> None:
-    """Interleaved gate/up [N, 2I] -> [N, I] with I not a multiple of the kernel's block, written
-    into rows of a wider buffer; values past the limit on both sides."""
+    """Interleaved gate/up [N, 2I] + bias -> [N, I] with I not a multiple of the kernel's block,
+    written into rows of a wider buffer; values past the limit on both sides."""
     from osserve.ops.moe import swiglu
     from osserve.ops.moe_dense import swiglu_into
 
     torch.manual_seed(6)
     h = torch.randn(5, 2 * 1100) * 6
+    bias = torch.randn(2 * 1100)
     out = torch.full((7, 1100), float("nan"))
-    swiglu_into(h, out[1:6], 7.0)
-    torch.testing.assert_close(out[1:6], swiglu(h, 7.0), rtol=1e-5, atol=1e-5)
+    swiglu_into(h, bias, out[1:6], 7.0)
+    torch.testing.assert_close(out[1:6], swiglu(h + bias, 7.0), rtol=1e-5, atol=1e-5)
     assert out[0].isnan().all() and out[6].isnan().all()
