@@ -2,17 +2,16 @@
 
 Same plan as moe_swapped.py (W @ X^T: weights are the warpgroup MMA's left operand, BLOCK_T token
 slots its N; routing plan from moe_align.py; split K at small grids; same epilogues), but written
-in Gluon, where the register layouts are ours to state:
-- the weights are stored in MMA-fragment order (mxfp4_fragments.py), and each thread loads the
-  16 bytes per row that become exactly its own left-operand registers: the dequantised tile needs
-  no layout conversion (checked at compile time: `assert_trivial`);
-- each word dequantises with a rotate and a mask per bf16x2 register (DEQUANT_PTX);
-- the weights, scales and activations of the next 2-3 K steps are in flight meanwhile, copied
-  (cp.async) into a shared-memory ring: none of them held in registers;
+in Gluon, where the register layouts are ours to state. The K loop (moe_gluon_loop.py) copies each
+step's weights, scales and activations into a shared-memory ring with cp.async and dequantises the
+weights into exactly the MMA's operand registers; here are the two GEMM kernels, their epilogues
+and their launch:
 - gate/up rows are paired (mxfp4_fragments.pair_eights), so each 64-row tile yields 32 finished
   SwiGLU columns: a program takes one tile (small batches: twice the programs) or two (one
   128-deep async MMA per tile per K step, the second tile's dequantisation overlapping the first's
-  MMA).
+  MMA);
+- the down GEMM applies bias and router weight and writes each slot's row (or K split's partial);
+  sum_experts adds a token's rows.
 The Triton kernels leave the layouts to the compiler, which staged the weights through shared
 memory and waited on each of 2-8 MMAs per K step (NOTES-moe.md).
 """
@@ -23,12 +22,11 @@ import torch
 import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.ampere import async_copy
-from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, warpgroup_mma, warpgroup_mma_wait
 
 from osserve.ops import moe_swapped
 from osserve.ops.moe import SWIGLU_ALPHA
 from osserve.ops.moe_align import RoutingPlan, align_tokens
+from osserve.ops.moe_gluon_loop import BLOCK_K, WORD_LAYOUT, k_loop, weight_pointers
 from osserve.ops.moe_swapped import (
     MAX_TOKENS,
     SWIGLU_BLOCK_N,
@@ -40,12 +38,8 @@ from osserve.ops.moe_swapped import (
     used_tiles,
 )
 from osserve.ops.moe_triton import UNSCALE, PreparedExperts
-from osserve.ops.mxfp4_fragments import DEQUANT_PTX as _PTX
-
-DEQUANT_PTX = gl.constexpr(_PTX)
 
 BLOCK_W = 64  # weight rows per program: one warpgroup MMA's M
-BLOCK_K = gl.constexpr(128)  # K per step
 NUM_WARPS = 4
 
 
@@ -55,32 +49,6 @@ X_LAYOUT = gl.constexpr(gl.BlockedLayout([1, 8], [2, 16], [4, 1], [1, 0]))
 OUT_LAYOUT = gl.constexpr(gl.BlockedLayout([1, 1], [32, 1], [4, 1], [0, 1]))
 OUT_LAYOUT_32 = gl.constexpr(gl.BlockedLayout([1, 1], [32, 1], [1, 4], [0, 1]))  # [32 act columns, BLOCK_T]
 
-# [64 rows, 16 words] of a K step: a thread holds rows g, g+8 of its warp's 16 and words 4q..4q+3.
-WORD_LAYOUT = gl.constexpr(gl.DistributedLinearLayout(
-    reg_bases=[[0, 1], [0, 2], [8, 0]],
-    lane_bases=[[0, 4], [0, 8], [1, 0], [2, 0], [4, 0]],
-    warp_bases=[[16, 0], [32, 0]],
-    block_bases=[],
-    shape=[64, 16],
-))
-
-
-@gluon.jit
-def _dequant(words, scales, A_LAYOUT: gl.constexpr):
-    """[64, 16] int32 words + their groups' bf16x2 scales -> [64, 128] bf16 in the MMA's A layout.
-
-    The asm takes two words per call (jw = 0, 1) and returns eight bf16x2 registers, output
-    j = 4 jw + 2 jx + jy holding columns 64 b2 + 32 jw + 16 jx + 8 jy + 2 q + (0, 1)."""
-    o = gl.inline_asm_elementwise(
-        DEQUANT_PTX, "=r,=r,=r,=r,=r,=r,=r,=r,r,r,r,r", [words, scales],
-        dtype=(gl.bfloat16,) * 8, is_pure=True, pack=2)
-    # join: [64, 16, jy, jx, jw]; the 16 words are (q, b2, pair position) and the pair position is e
-    t = gl.join(gl.join(gl.join(o[0], o[1]), gl.join(o[2], o[3])), gl.join(gl.join(o[4], o[5]), gl.join(o[6], o[7])))
-    t = gl.reshape(t, [64, 4, 2, 2, 2, 2, 2])  # [row, q, b2, e, jy, jx, jw]
-    t = gl.permute(t, [0, 2, 6, 5, 4, 1, 3])  # [row, b2, jw, jx, jy, q, e]
-    t = gl.reshape(t, [64, 128])
-    return gl.convert_layout(t, A_LAYOUT, assert_trivial=True)
-
 
 @gluon.jit
 def _tile_setup(sorted_ptr, block_expert_ptr, pid_t, num_slots, BLOCK_T: gl.constexpr, layout: gl.constexpr):
@@ -88,110 +56,6 @@ def _tile_setup(sorted_ptr, block_expert_ptr, pid_t, num_slots, BLOCK_T: gl.cons
     rows = pid_t * BLOCK_T + gl.arange(0, BLOCK_T, layout=layout)
     slot = gl.load(sorted_ptr + rows)
     return expert, rows, slot, slot < num_slots
-
-
-# Shared-memory ring of the weights: each thread reads back only what its own copies wrote, so a
-# plain row-major layout serves (16-byte reads by 8 threads of a phase hit 8 distinct bank groups).
-RING_LAYOUT = gl.constexpr(gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
-
-
-@gluon.jit
-def _issue_step(wa_ring, wb_ring, sa_ring, sb_ring, x_ring, slot, wa_ptrs, sa_ptrs, b_off_w, b_off_s, x_ptrs, x_ok,
-                w_mask, word, kcol, k0, k_end, K, TWO: gl.constexpr):
-    """Start the copies of the K step at k0 into ring slot `slot` (masked off past k_end). K's 64-column
-    tail step holds 8 words per row (word 4q + 2 b2 + jw of a full step is word 2q + jw there): it is
-    copied word by word into the full-step places, b2 = 1 zero-filled, so its consumer is the same."""
-    step = k0 // 128
-    live = k0 < k_end
-    s_mask = w_mask & live
-    async_copy.async_copy_global_to_shared(sa_ring.index(slot), sa_ptrs + step * 4, mask=s_mask)
-    if TWO:
-        async_copy.async_copy_global_to_shared(sb_ring.index(slot), sa_ptrs + b_off_s + step * 4, mask=s_mask)
-    if k0 + 128 <= K:
-        async_copy.async_copy_global_to_shared(wa_ring.index(slot), wa_ptrs + step * 16, mask=s_mask)
-        if TWO:
-            async_copy.async_copy_global_to_shared(wb_ring.index(slot), wa_ptrs + b_off_w + step * 16, mask=s_mask)
-    else:
-        tail_off = step * 16 + ((word // 4) * 2 + word % 2 - word)[None, :]
-        t_mask = s_mask & ((word // 2) % 2 == 0)[None, :]
-        async_copy.async_copy_global_to_shared(wa_ring.index(slot), wa_ptrs + tail_off, mask=t_mask)
-        if TWO:
-            async_copy.async_copy_global_to_shared(wb_ring.index(slot), wa_ptrs + b_off_w + tail_off, mask=t_mask)
-    async_copy.async_copy_global_to_shared(x_ring.index(slot), x_ptrs + k0, mask=x_ok & (kcol < k_end - k0)[None, :])
-
-
-@gluon.jit
-def _ring_scales(s_ring, slot):
-    s = s_ring.index(slot).load(WORD_LAYOUT)
-    s16 = (s.to(gl.int32) + 64) << 7  # E8M0 s -> bf16 2^(s + 64 - 127) in both halves
-    return s16 | (s16 << 16)
-
-
-@gluon.jit
-def _k_loop(wa_ptrs, sa_ptrs, b_off_w, b_off_s, x_ptrs, x_ok, w_mask, word, kcol, k_start, k_end, K,
-            BLOCK_T: gl.constexpr, TWO: gl.constexpr, STAGES: gl.constexpr):
-    """The K loop over [k_start, k_end) of one or two weight matrices (the second at b_off_w words /
-    b_off_s scale bytes from the first) against the [BLOCK_T, K] activation rows at x_ptrs. Each
-    step's weights, scales and activations are copied (cp.async) into a STAGES-deep shared-memory
-    ring, STAGES - 1 steps ahead of their use; the weights go from there into registers, are
-    dequantised and multiplied by one async MMA per matrix, the second matrix's dequantisation
-    overlapping the first's MMA. Returns the [64, BLOCK_T] float32 accumulators in the MMA layout.
-
-    (Keeping a step's last MMA in flight into the next step made ptxas serialise every wgmma: C7515,
-    the loop-carried accumulator is copied while the MMA runs.)"""
-    MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_T, 16])
-    A_LAYOUT: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=2)
-    X_SMEM: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_T, BLOCK_K], gl.bfloat16)
-    wa_ring = gl.allocate_shared_memory(gl.int32, [STAGES, 64, 16], RING_LAYOUT)
-    sa_ring = gl.allocate_shared_memory(gl.uint8, [STAGES, 64, 16], RING_LAYOUT)
-    wb_ring, sb_ring = wa_ring, sa_ring
-    if TWO:
-        wb_ring = gl.allocate_shared_memory(gl.int32, [STAGES, 64, 16], RING_LAYOUT)
-        sb_ring = gl.allocate_shared_memory(gl.uint8, [STAGES, 64, 16], RING_LAYOUT)
-    x_ring = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BLOCK_T, BLOCK_K], X_SMEM)
-    acc_a = gl.zeros([64, BLOCK_T], gl.float32, MMA)
-    acc_b = gl.zeros([64, BLOCK_T], gl.float32, MMA)
-
-    for i in gl.static_range(STAGES - 1):
-        _issue_step(wa_ring, wb_ring, sa_ring, sb_ring, x_ring, i, wa_ptrs, sa_ptrs, b_off_w, b_off_s, x_ptrs, x_ok,
-                    w_mask, word, kcol, k_start + i * BLOCK_K, k_end, K, TWO)
-        async_copy.commit_group()
-    num_steps = gl.cdiv(k_end - k_start, BLOCK_K)
-    for j in range(num_steps):
-        slot = j % STAGES
-        async_copy.wait_group(STAGES - 2)  # this step's copies (this thread's) are done
-        fence_async_shared()  # ... and visible to the MMA (async proxy)
-        gl.thread_barrier()  # ... everyone's; and every warp is past the MMA that read the slot refilled next
-        nxt = j + STAGES - 1
-        _issue_step(wa_ring, wb_ring, sa_ring, sb_ring, x_ring, nxt % STAGES, wa_ptrs, sa_ptrs, b_off_w, b_off_s,
-                    x_ptrs, x_ok, w_mask, word, kcol, k_start + nxt * BLOCK_K, k_end, K, TWO)
-        async_copy.commit_group()
-        xs = x_ring.index(slot).permute((1, 0))
-        a = _dequant(wa_ring.index(slot).load(WORD_LAYOUT), _ring_scales(sa_ring, slot), A_LAYOUT)
-        acc_a = warpgroup_mma(a, xs, acc_a, is_async=True)
-        if TWO:
-            b = _dequant(wb_ring.index(slot).load(WORD_LAYOUT), _ring_scales(sb_ring, slot), A_LAYOUT)
-            acc_b = warpgroup_mma(b, xs, acc_b, is_async=True)
-            acc_a, acc_b = warpgroup_mma_wait(0, deps=[acc_a, acc_b, a, b])[:2]
-        else:
-            acc_a = warpgroup_mma_wait(0, deps=[acc_a, a])[0]
-    async_copy.wait_group(0)
-    return acc_a, acc_b
-
-
-@gluon.jit
-def _weight_pointers(w_ptr, s_ptr, expert, pid_w, N, stride_we, stride_wn, stride_se, stride_sn,
-                     W_LAYOUT: gl.constexpr):
-    """Pointers to row pid_w*64.. of an expert's words [64, 16] and scales (each word's group), and the row mask."""
-    wrow = pid_w * 64 + gl.arange(0, 64, layout=gl.SliceLayout(1, W_LAYOUT))
-    word = gl.arange(0, 16, layout=gl.SliceLayout(0, W_LAYOUT))
-    w_mask = (wrow < N)[:, None] & (word >= 0)[None, :]
-    # rows of words are 16-byte aligned, rows of scales 4-byte aligned (mxfp4_fragments.py)
-    w_row = gl.multiple_of(wrow[:, None].to(gl.int64) * stride_wn, [1, 4])
-    s_row = gl.multiple_of(wrow[:, None].to(gl.int64) * stride_sn, [1, 4])
-    w_ptrs = w_ptr + expert * stride_we + w_row + word[None, :]
-    s_ptrs = s_ptr + expert * stride_se + s_row + (word % 4)[None, :]
-    return w_ptrs, s_ptrs, w_mask, word
 
 
 @gluon.jit
@@ -270,11 +134,11 @@ def _gate_up_kernel(
     kcol = gl.arange(0, BLOCK_K, layout=gl.SliceLayout(0, X_LAYOUT))
     x_ptrs = x_ptr + token[:, None] * stride_xm + kcol[None, :]  # [BT, BK]
     tile = pid_w * TILES
-    w_ptrs, s_ptrs, w_mask, word = _weight_pointers(w_ptr, s_ptr, expert, tile, 2 * N, stride_we, stride_wn,
+    w_ptrs, s_ptrs, w_mask, word = weight_pointers(w_ptr, s_ptr, expert, tile, 2 * N, stride_we, stride_wn,
                                                     stride_se, stride_sn, WORD_LAYOUT)
     k_start = pid_s * k_per_split
     k_end = gl.minimum(K, k_start + k_per_split)
-    acc_a, acc_b = _k_loop(w_ptrs, s_ptrs, 64 * stride_wn, 64 * stride_sn, x_ptrs, row_ok[:, None], w_mask, word,
+    acc_a, acc_b = k_loop(w_ptrs, s_ptrs, 64 * stride_wn, 64 * stride_sn, x_ptrs, row_ok[:, None], w_mask, word,
                            kcol, k_start, k_end, K, BLOCK_T, TILES == 2, STAGES)
     _gate_up_epilogue(acc_a, tile, expert, pid_s, pid_t, N, limit, b_ptr, act_ptr, part_ptr, sorted_ptr, num_slots,
                       stride_be, stride_am, stride_ps, stride_pm, BLOCK_T, SPLIT, ALPHA, UNSCALE)
@@ -299,11 +163,11 @@ def _down_kernel(
                                              gl.SliceLayout(1, X_LAYOUT))
     kcol = gl.arange(0, BLOCK_K, layout=gl.SliceLayout(0, X_LAYOUT))
     x_ptrs = act_ptr + rows[:, None].to(gl.int64) * stride_am + kcol[None, :]  # plan rows, sorted order
-    w_ptrs, s_ptrs, w_mask, word = _weight_pointers(w_ptr, s_ptr, expert, pid_w, N, stride_we, stride_wn,
+    w_ptrs, s_ptrs, w_mask, word = weight_pointers(w_ptr, s_ptr, expert, pid_w, N, stride_we, stride_wn,
                                                     stride_se, stride_sn, WORD_LAYOUT)
     k_start = pid_s * k_per_split
     k_end = gl.minimum(K, k_start + k_per_split)
-    acc, _ = _k_loop(w_ptrs, s_ptrs, 0, 0, x_ptrs, row_ok[:, None], w_mask, word, kcol, k_start, k_end, K,
+    acc, _ = k_loop(w_ptrs, s_ptrs, 0, 0, x_ptrs, row_ok[:, None], w_mask, word, kcol, k_start, k_end, K,
                      BLOCK_T, False, STAGES)
 
     acc = gl.convert_layout(acc, OUT_LAYOUT)
@@ -324,7 +188,7 @@ def supported(device: torch.device, hidden: int, intermediate: int) -> bool:
 
 
 # Token tile by the slots an expert gets on average (T * top_k / E), as in moe_swapped.py, and the
-# ring's depth (_k_loop's STAGES, >= 2) by tile. H100, bench_moe_gluon.py: 16 up to 8 slots (4
+# ring's depth (k_loop's STAGES, >= 2) by tile. H100, bench_moe_gluon.py: 16 up to 8 slots (4
 # stages), 32 up to 32 slots, 64 above (3 stages: 4 leave room for fewer programs per SM).
 BLOCK_T_BY_SLOTS = {8: 16, 32: 32, 1 << 30: 64}
 STAGES_BY_BLOCK_T = {16: 4, 32: 3, 64: 3}
