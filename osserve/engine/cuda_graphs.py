@@ -118,6 +118,17 @@ def write_tables(dst: torch.Tensor, rows: np.ndarray) -> None:
     dst[: len(rows), width:].fill_(-1)
 
 
+def flat_tokens(token_ids: list[list[int]], start_pos: list[int],
+                ) -> tuple[np.ndarray, np.ndarray, list[int], list[int]]:
+    """Sequences' new tokens as one flat batch: (ids int64, their positions int64, query lengths,
+    sequence lengths after the step)."""
+    query_lens = [len(x) for x in token_ids]
+    seq_lens = [s + n for s, n in zip(start_pos, query_lens, strict=True)]
+    ids = np.fromiter((tok for x in token_ids for tok in x), dtype=np.int64, count=sum(query_lens))
+    pos = np.concatenate([np.arange(s, e, dtype=np.int64) for s, e in zip(start_pos, seq_lens, strict=True)])
+    return ids, pos, query_lens, seq_lens
+
+
 def slot_mapping(rows: np.ndarray, seq_of_token: np.ndarray, pos: np.ndarray, block_size: int) -> np.ndarray:
     """Each token's KV slot: its sequence's block for its position (rows from block_table_array)."""
     return rows[seq_of_token, pos // block_size].astype(np.int64) * block_size + pos % block_size

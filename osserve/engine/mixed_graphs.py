@@ -28,7 +28,15 @@ from typing import Any
 import numpy as np
 import torch
 
-from osserve.engine.cuda_graphs import block_table_array, capture_graph, copy_in, padded, slot_mapping, write_tables
+from osserve.engine.cuda_graphs import (
+    block_table_array,
+    capture_graph,
+    copy_in,
+    flat_tokens,
+    padded,
+    slot_mapping,
+    write_tables,
+)
 from osserve.model.gpt_oss import GptOssForCausalLM, KVCache
 from osserve.ops.attention import AttentionMetadata, BlockTables
 
@@ -112,11 +120,8 @@ class MixedGraphs:
         """Hidden states [T, hidden] of the step (rows past the real tokens are padding).
         fill_pending(ids) writes the tokens still on the device into the real input ids."""
         t, q = shape
-        query_lens = [len(x) for x in token_ids]
-        seq_lens = [s + n for s, n in zip(start_pos, query_lens, strict=True)]
-        n = sum(query_lens)
-        ids = np.fromiter((tok for x in token_ids for tok in x), dtype=np.int64, count=n)
-        pos = np.concatenate([np.arange(s, e, dtype=np.int64) for s, e in zip(start_pos, seq_lens, strict=True)])
+        ids, pos, query_lens, seq_lens = flat_tokens(token_ids, start_pos)
+        n = len(ids)
         starts, lens = sequence_layout(query_lens, seq_lens, t, q, self.num_seqs)
 
         copy_in(self.input_ids, padded(ids, t, 0, np.int64))

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from osserve.engine.cuda_graphs import DecodeGraphs, block_table_array, slot_mapping
+from osserve.engine.cuda_graphs import DecodeGraphs, block_table_array, flat_tokens, slot_mapping
 from osserve.engine.mixed_graphs import MixedGraphs
 from osserve.model.gpt_oss import GptOssForCausalLM, KVCache
 from osserve.ops.attention import AttentionMetadata, BlockTables
@@ -68,11 +68,7 @@ class ModelRunner:
         return (t.pin_memory() if self.pin else t).to(self.device, non_blocking=True)
 
     def prepare(self, entries: list[BatchEntry]) -> ModelInput:
-        query_lens = [len(e.token_ids) for e in entries]
-        seq_lens = [e.start_pos + n for e, n in zip(entries, query_lens, strict=True)]
-        ids = np.fromiter((t for e in entries for t in e.token_ids), dtype=np.int64, count=sum(query_lens))
-        pos = np.concatenate([np.arange(e.start_pos, s_, dtype=np.int64) for e, s_ in zip(entries, seq_lens,
-                                                                                           strict=True)])
+        ids, pos, query_lens, seq_lens = flat_tokens([e.token_ids for e in entries], [e.start_pos for e in entries])
         starts = np.zeros(len(entries) + 1, dtype=np.int32)
         np.cumsum(query_lens, out=starts[1:])
         tables: dict[str, BlockTables] = {}

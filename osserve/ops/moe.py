@@ -132,10 +132,10 @@ def fused_moe(
             return moe_prefill_dense(x, topk_weights, topk_ids, experts, swiglu_limit)
         if prepared is not None and prepared.fragments:  # the Gluon kernel, in chunks of its MAX_TOKENS
             return _fused(x, topk_weights, topk_ids, prepared, swiglu_limit)
-        if experts.prepared is not None:
+        if prepared is not None:
             from osserve.ops.moe_triton import fused_moe_triton
 
-            return fused_moe_triton(x, topk_weights, topk_ids, experts.prepared, swiglu_limit)
+            return fused_moe_triton(x, topk_weights, topk_ids, prepared, swiglu_limit)
     return moe_reference(x, topk_weights, topk_ids, experts, swiglu_limit)
 
 

@@ -20,6 +20,7 @@ import triton
 import triton.language as tl
 
 from osserve.ops.moe import SWIGLU_ALPHA, ExpertWeights
+from osserve.ops.moe_triton import _swiglu
 
 
 @triton.jit
@@ -70,9 +71,7 @@ def _swiglu_kernel(h_ptr, b_ptr, out_ptr, n_cols, limit, stride_h, stride_o,  # 
     h = tl.load(h_ptr + row * stride_h + pair, mask=pair_ok, other=0.0).to(tl.float32)
     h += tl.load(b_ptr + pair, mask=pair_ok, other=0.0).to(tl.float32)
     gate, up = tl.split(tl.reshape(h, [BLOCK, 2]))
-    gate = tl.minimum(gate, limit)
-    up = tl.minimum(tl.maximum(up, -limit), limit)
-    act = gate * tl.sigmoid(ALPHA * gate) * (up + 1.0)
+    act = _swiglu(gate, up, limit, ALPHA)
     tl.store(out_ptr + row * stride_o + col, act.to(out_ptr.dtype.element_ty), mask=col < n_cols)
 
 
