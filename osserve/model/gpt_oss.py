@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     from osserve.ops.moe_triton import PreparedExperts
 from osserve.ops.norm import add_rms_norm, rms_norm
 from osserve.ops.rope import RopeTable, rope_and_cache_table
-from osserve.ops.router import route, router_counters
+from osserve.ops.router import route_with_plan, router_counters
 
 SLIDING_GROUP = "sliding"
 FULL_GROUP = "full"
@@ -143,8 +143,12 @@ class MLP(nn.Module):
         self.router_counters = nn.Buffer(router_counters(torch.get_default_device()), persistent=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        weights, ids = route(x, self.router.weight, self.router.bias, self.top_k, self.router_counters)
-        return fused_moe(x, weights, ids, self.experts.weights(), self.swiglu_limit)
+        experts = self.experts.weights()
+        # At decode the router's kernel also builds the MoE's routing plan (one launch fewer), and
+        # the MoE leaves its rows unreduced for the next add_rms_norm to sum (one more).
+        weights, ids, plan = route_with_plan(x, self.router.weight, self.router.bias, self.top_k,
+                                             self.router_counters, experts.plan_block_m(x.shape[0], self.top_k))
+        return fused_moe(x, weights, ids, experts, self.swiglu_limit, reduce=False, plan=plan)
 
 
 class DecoderLayer(nn.Module):

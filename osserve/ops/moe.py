@@ -16,6 +16,7 @@ from osserve.ops.dispatch import use_triton
 from osserve.ops.mxfp4 import dequantize_mxfp4
 
 if TYPE_CHECKING:
+    from osserve.ops.moe_align import RoutingPlan
     from osserve.ops.moe_triton import PreparedExperts
 
 SWIGLU_ALPHA = 1.702
@@ -47,6 +48,16 @@ class ExpertWeights:
     def down(self, dtype: torch.dtype) -> torch.Tensor:
         assert self.down_blocks is not None and self.down_scales is not None
         return dequantize_mxfp4(self.down_blocks, self.down_scales, dtype)
+
+    def plan_block_m(self, num_tokens: int, top_k: int) -> int | None:
+        """The token tile of the routing plan fused_moe would build for this batch, where it takes
+        one from its caller (the Gluon kernel: fragments prepared); else None."""
+        if self.prepared is None or not self.prepared.fragments:
+            return None
+        from osserve.ops.moe_gluon import BLOCK_T_BY_SLOTS
+        from osserve.ops.moe_swapped import by_slots
+
+        return by_slots(BLOCK_T_BY_SLOTS, num_tokens, self.num_experts, top_k)
 
     def prepare(self, keep_original: bool = False, fragments: bool = False) -> None:
         """Build the fused kernels' layout once (at load, on the GPU); `fragments`: the Gluon kernel's.
@@ -110,12 +121,21 @@ def fused_moe(
     topk_ids: torch.Tensor,
     experts: ExpertWeights,
     swiglu_limit: float,
+    reduce: bool = True,
+    plan: RoutingPlan | None = None,
 ) -> torch.Tensor:
-    """Dispatch on CUDA, once `experts.prepare()` ran: up to 4096 tokens (decode, serving's mixed
+    """x [T, H] -> [T, H].
+
+    Dispatch on CUDA, once `experts.prepare()` ran: up to 4096 tokens (decode, serving's mixed
     steps) the weights-as-left-operand 4-bit kernel (moe_gluon.py on Hopper, else moe_swapped.py);
     above, whole prompts, the per-expert dequantise + cuBLAS path when the checkpoint-layout
     tensors were kept, else the Gluon kernel in chunks or the token-tiled 4-bit kernel
-    (moe_triton.py). Elsewhere: the reference."""
+    (moe_triton.py). Elsewhere: the reference.
+
+    reduce=False: the 4-bit kernels may leave their output unreduced, [S, T, k, H] (K splits x each
+    token's k weighted expert rows), for ops/norm.py's add_rms_norm to sum: one launch and one
+    round trip fewer per layer. plan: topk_ids' routing plan if the router built it
+    (router.route_with_plan for experts.plan_block_m), saving the kernel's own align launch."""
     if use_triton(x):
         from osserve.ops import moe_swapped
 
@@ -124,7 +144,7 @@ def fused_moe(
         # whole prompts (it syncs the host once per expert: ~0.3 s a step at serving's 1-2k-token
         # mixed batches).
         if prepared is not None and x.shape[0] <= moe_swapped.MAX_TOKENS:
-            return _fused(x, topk_weights, topk_ids, prepared, swiglu_limit)
+            return _fused(x, topk_weights, topk_ids, prepared, swiglu_limit, reduce, plan)
         dense_ok = experts.gate_up_blocks is not None and not torch.cuda.is_current_stream_capturing()
         if dense_ok and x.shape[0] > PREFILL_DENSE_MIN_TOKENS:
             from osserve.ops.moe_dense import moe_prefill_dense
@@ -140,12 +160,12 @@ def fused_moe(
 
 
 def _fused(x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor, prepared: PreparedExperts,
-           swiglu_limit: float) -> torch.Tensor:
+           swiglu_limit: float, reduce: bool = True, plan: RoutingPlan | None = None) -> torch.Tensor:
     """The 4-bit kernel for the prepared layout: Gluon (Hopper fragments) or Triton (re-paired nibbles)."""
     if prepared.fragments:
         from osserve.ops.moe_gluon import fused_moe_gluon
 
-        return fused_moe_gluon(x, topk_weights, topk_ids, prepared, swiglu_limit)
+        return fused_moe_gluon(x, topk_weights, topk_ids, prepared, swiglu_limit, reduce=reduce, plan=plan)
     from osserve.ops.moe_swapped import fused_moe_swapped
 
-    return fused_moe_swapped(x, topk_weights, topk_ids, prepared, swiglu_limit)
+    return fused_moe_swapped(x, topk_weights, topk_ids, prepared, swiglu_limit, reduce=reduce)

@@ -4,9 +4,11 @@ Each (token, slot) pair of `topk_ids [T, k]` is a "slot" s = t*k + j. The plan l
 grouped by expert, each expert's segment padded up to a multiple of BLOCK_M with the sentinel
 value T*k, so that every BLOCK_M-row tile of the GEMMs belongs to exactly one expert.
 
-Everything happens in one single-program Triton launch on the device: a histogram over
-experts, an exclusive cumsum of the padded counts, then a stable scatter. No host sync and
-buffer sizes depend only on (T, k, E, BLOCK_M), so the decode path is CUDA-graph capturable.
+Everything happens in one program on the device (`build_plan`): a histogram over experts, an
+exclusive cumsum of the padded counts, then a stable scatter. No host sync and buffer sizes
+depend only on (T, k, E, BLOCK_M), so the decode path is CUDA-graph capturable. It runs as its
+own launch (`align_tokens`), or at batches of one router token block inside the fused router's
+last program (router_gemm_triton.py), which saves that launch.
 """
 
 from __future__ import annotations
@@ -34,8 +36,8 @@ def max_padded_rows(num_slots: int, num_experts: int, block_m: int) -> int:
     return num_slots + min(num_slots, num_experts) * (block_m - 1)
 
 
-@triton.jit(do_not_specialize=["M", "max_padded", "max_blocks"])  # per-step sizes: no recompiles
-def _align_kernel(
+@triton.jit
+def build_plan(
     ids_ptr,  # [M] expert id of each slot (int32 or int64: read as given, no conversion launch)
     sorted_ptr,  # [max_padded] int32 out
     block_expert_ptr,  # [max_blocks] int32 out
@@ -47,6 +49,7 @@ def _align_kernel(
     E_P2: tl.constexpr,  # num_experts rounded up to a power of two
     CHUNK: tl.constexpr,
 ):
+    """The whole plan, by one program (this file's kernel, or the fused router's last program)."""
     experts = tl.arange(0, E_P2)
     # Pass 1: histogram over experts, CHUNK slots at a time (one-hot [CHUNK, E_P2] summed).
     counts = tl.zeros([E_P2], dtype=tl.int32)
@@ -86,20 +89,44 @@ def _align_kernel(
         running += tl.sum(onehot, axis=0)
 
 
+@triton.jit(do_not_specialize=["M", "max_padded", "max_blocks"])  # per-step sizes: no recompiles
+def _align_kernel(ids_ptr, sorted_ptr, block_expert_ptr, num_padded_ptr, M, max_padded, max_blocks,
+                  BLOCK_M: tl.constexpr, E_P2: tl.constexpr, CHUNK: tl.constexpr):  # noqa: ANN001
+    build_plan(ids_ptr, sorted_ptr, block_expert_ptr, num_padded_ptr, M, max_padded, max_blocks,
+               BLOCK_M, E_P2, CHUNK)
+
+
+@dataclass(frozen=True)
+class PlanShape:
+    """A plan's buffer sizes, which depend only on (slots, E, BLOCK_M): fixed per batch size."""
+
+    num_slots: int
+    max_padded: int
+    max_blocks: int
+    e_p2: int
+    chunk: int
+
+    @classmethod
+    def of(cls, num_slots: int, num_experts: int, block_m: int) -> PlanShape:
+        max_padded = max_padded_rows(num_slots, num_experts, block_m)
+        e_p2 = triton.next_power_of_2(num_experts)
+        chunk = max(16, min(triton.next_power_of_2(num_slots), 8192 // e_p2))  # one-hot tile <= 8K ints
+        return cls(num_slots, max_padded, triton.cdiv(max_padded, block_m), e_p2, chunk)
+
+
+def empty_plan(shape: PlanShape, block_m: int, device: torch.device) -> RoutingPlan:
+    """Unwritten plan buffers, for a kernel that builds the plan (build_plan) to fill."""
+    return RoutingPlan(_empty(shape.max_padded, dtype=torch.int32, device=device),
+                       _empty(shape.max_blocks, dtype=torch.int32, device=device),
+                       _empty(1, dtype=torch.int32, device=device), shape.max_blocks, block_m)
+
+
 def align_tokens(topk_ids: torch.Tensor, num_experts: int, block_m: int) -> RoutingPlan:
     """topk_ids [T, k] -> RoutingPlan (one kernel launch, no host sync)."""
-    num_slots = topk_ids.numel()
-    max_padded = max_padded_rows(num_slots, num_experts, block_m)
-    max_blocks = triton.cdiv(max_padded, block_m)
-    device = topk_ids.device
-    ids = topk_ids.reshape(-1)
-    sorted_slots = _empty(max_padded, dtype=torch.int32, device=device)
-    block_expert = _empty(max_blocks, dtype=torch.int32, device=device)
-    num_padded = _empty(1, dtype=torch.int32, device=device)
-    e_p2 = triton.next_power_of_2(num_experts)
-    chunk = max(16, min(triton.next_power_of_2(num_slots), 8192 // e_p2))  # one-hot tile <= 8K ints
+    shape = PlanShape.of(topk_ids.numel(), num_experts, block_m)
+    plan = empty_plan(shape, block_m, topk_ids.device)
     _align_kernel[(1,)](
-        ids, sorted_slots, block_expert, num_padded, num_slots, max_padded, max_blocks,
-        BLOCK_M=block_m, E_P2=e_p2, CHUNK=chunk, num_warps=4,
+        topk_ids.reshape(-1), plan.sorted_slots, plan.block_expert, plan.num_padded, shape.num_slots,
+        shape.max_padded, shape.max_blocks, BLOCK_M=block_m, E_P2=shape.e_p2, CHUNK=shape.chunk, num_warps=4,
     )
-    return RoutingPlan(sorted_slots, block_expert, num_padded, max_blocks, block_m)
+    return plan

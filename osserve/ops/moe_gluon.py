@@ -11,7 +11,7 @@ and their launch:
   128-deep async MMA per tile per K step, the second tile's dequantisation overlapping the first's
   MMA);
 - the down GEMM applies bias and router weight and writes each slot's row (or K split's partial);
-  sum_experts adds a token's rows.
+  sum_experts (or the next add_rms_norm) adds a token's rows.
 The Triton kernels leave the layouts to the compiler, which staged the weights through shared
 memory and waited on each of 2-8 MMAs per K step (NOTES-moe.md).
 """
@@ -33,8 +33,8 @@ from osserve.ops.moe_swapped import (
     _swiglu_splits_kernel,
     by_slots,
     down_output,
+    expert_rows,
     split_k,
-    sum_experts,
     used_tiles,
 )
 from osserve.ops.moe_triton import UNSCALE, PreparedExperts
@@ -218,9 +218,12 @@ def fused_moe_gluon(
     stages: int | None = None,
     down_min_programs: int | None = None,
     gate_up_tiles: int | None = None,
+    reduce: bool = True,
+    plan: RoutingPlan | None = None,
 ) -> torch.Tensor:
-    """x [T, H] bf16 -> [T, H]; same function as moe_reference, on experts prepared with
-    fragments=True. Host-sync free, CUDA-graph capturable. K is split until a GEMM has
+    """x [T, H] bf16 -> [T, H] (or unreduced: moe_swapped.expert_rows); same function as
+    moe_reference, on experts prepared with fragments=True. Host-sync free, CUDA-graph capturable.
+    plan: topk_ids' routing plan for this batch's token tile, if the router built it. K is split until a GEMM has
     min_programs (gate/up) or down_min_programs (down) programs; defaults: PROGRAMS_PER_SM and
     DOWN_PROGRAMS_PER_SM per SM. gate_up_tiles: 64-row tiles per gate/up program (1 or 2; default
     by token tile, GATE_UP_TILES_BY_BLOCK_T)."""
@@ -242,7 +245,8 @@ def fused_moe_gluon(
     down_min_programs = DOWN_PROGRAMS_PER_SM * sms if down_min_programs is None else down_min_programs
     x = x.contiguous()
     topk_w = topk_weights.reshape(-1).contiguous()
-    plan: RoutingPlan = align_tokens(topk_ids, prepared.num_experts, bt)
+    if plan is None or plan.block_m != bt:  # none from the router (router.route_with_plan), or another tile's
+        plan = align_tokens(topk_ids, prepared.num_experts, bt)
     rows = plan.sorted_slots.shape[0]
     act = torch.empty(rows, inter, dtype=x.dtype, device=x.device)
     w1, s1, b1 = prepared.w1, prepared.s1, prepared.b1
@@ -276,7 +280,7 @@ def fused_moe_gluon(
         act.stride(0), w2.stride(0), w2.stride(1), s2.stride(0), s2.stride(1), b2.stride(0), y.stride(0),
         y.stride(1), BLOCK_T=bt, UNSCALE=UNSCALE, STAGES=stages, num_warps=NUM_WARPS,
     )
-    return sum_experts(y, num_tokens, top_k, x.dtype)
+    return expert_rows(y, num_tokens, top_k, x.dtype, reduce)
 
 
 def compile_kernels(prepared: PreparedExperts, top_k: int, swiglu_limit: float, dtype: torch.dtype) -> None:

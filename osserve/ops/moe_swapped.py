@@ -289,6 +289,14 @@ def sum_experts(y: torch.Tensor, num_tokens: int, top_k: int, dtype: torch.dtype
     return out
 
 
+def expert_rows(y: torch.Tensor, num_tokens: int, top_k: int, dtype: torch.dtype, reduce: bool) -> torch.Tensor:
+    """GEMM2's output as the MoE returns it: summed to [T, H] (sum_experts), or with reduce=False
+    the unreduced view [S, T, k, H] that ops/norm.py's add_rms_norm sums (one launch fewer)."""
+    if reduce:
+        return sum_experts(y, num_tokens, top_k, dtype)
+    return y.view(y.shape[0], num_tokens, top_k, y.shape[2])
+
+
 def fused_moe_swapped(
     x: torch.Tensor,
     topk_weights: torch.Tensor,
@@ -297,8 +305,10 @@ def fused_moe_swapped(
     swiglu_limit: float,
     config: SwappedConfig | None = None,
     min_programs: int | None = None,
+    reduce: bool = True,
 ) -> torch.Tensor:
-    """x [T, H] -> [T, H]; same function as moe_reference. Host-sync free, CUDA-graph capturable.
+    """x [T, H] -> [T, H] (or unreduced, see expert_rows); same function as moe_reference.
+    Host-sync free, CUDA-graph capturable.
 
     min_programs: split K until each GEMM's grid has this many programs (default PROGRAMS_PER_SM
     per SM)."""
@@ -350,7 +360,7 @@ def fused_moe_swapped(
         UNSCALE=UNSCALE, FAST=fast,
         num_warps=cfg.warps2, num_stages=cfg.stages2,
     )
-    return sum_experts(y, num_tokens, top_k, x.dtype)
+    return expert_rows(y, num_tokens, top_k, x.dtype, reduce)
 
 
 def compile_kernels(

@@ -1,7 +1,11 @@
 """RMSNorm, as gpt-oss computes it: in float32, weight applied before casting back.
 
 `*_reference` are the specification; `rms_norm` / `add_rms_norm` run the one-pass Triton kernel
-on CUDA tensors."""
+on CUDA tensors.
+
+The x of `add_rms_norm` may come unreduced, as the fused MoE leaves its output ([S, T, k, H]: K
+splits by each token's k experts, see ops/moe.py): it is summed over S and k in float32 and
+rounded to the residual's dtype before the add, so the MoE needs no summing pass of its own."""
 
 from __future__ import annotations
 
@@ -17,11 +21,16 @@ def rms_norm_reference(x: torch.Tensor, weight: torch.Tensor, eps: float) -> tor
     return (weight.to(torch.float32) * xf).to(x.dtype)
 
 
+def reduce_parts(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """[T, H] as it is, or unreduced [S, T, k, H] summed over S and k (float32, rounded once)."""
+    return x.float().sum((0, 2)).to(dtype) if x.dim() == 4 else x
+
+
 def add_rms_norm_reference(
     x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(x + residual) normed, and the new residual x + residual (the fused op's contract)."""
-    summed = x + residual
+    summed = reduce_parts(x, residual.dtype) + residual
     return rms_norm_reference(summed, weight, eps), summed
 
 

@@ -3,6 +3,10 @@
 Each program loads its row (BLOCK = next_power_of_2(H), masked), adds the residual, stores the
 sum, reduces in fp32 and stores weight·x·rsqrt(mean(x²)+eps): one read of x and residual, one
 write of the sum and the normed row, where the unfused sequence makes ~7 passes.
+
+x may also come unreduced, as the MoE leaves it (norm.py: [S, T, k, H], summed over S and k):
+the program then adds its token's S·k rows first, which saves the MoE a launch and a round trip
+of the summed rows through memory.
 """
 
 from __future__ import annotations
@@ -14,11 +18,22 @@ import triton.language as tl
 
 @triton.jit
 def _add_rms_norm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, sum_ptr, H: tl.constexpr, eps,
-                         HAS_RES: tl.constexpr, BLOCK: tl.constexpr):  # noqa: ANN001
+                         stride_xs, stride_xt, stride_xj,
+                         HAS_RES: tl.constexpr, PARTS_S: tl.constexpr, PARTS_J: tl.constexpr,
+                         BLOCK: tl.constexpr):  # noqa: ANN001
     row = tl.program_id(0).to(tl.int64)  # int64 offsets: free here, and safe for any T·H
     cols = tl.arange(0, BLOCK)
     mask = cols < H
-    x = tl.load(x_ptr + row * H + cols, mask=mask, other=0.0).to(tl.float32)
+    if PARTS_S * PARTS_J == 1:
+        x = tl.load(x_ptr + row * stride_xt + cols, mask=mask, other=0.0).to(tl.float32)
+    else:
+        # Splits outer, experts inner, in float32, rounded once: as moe_swapped.sum_experts adds.
+        x = tl.zeros([BLOCK], dtype=tl.float32)
+        for s in tl.static_range(PARTS_S):
+            for j in tl.static_range(PARTS_J):
+                part = x_ptr + s * stride_xs + row * stride_xt + j * stride_xj
+                x += tl.load(part + cols, mask=mask, other=0.0).to(tl.float32)
+        x = x.to(out_ptr.dtype.element_ty).to(tl.float32)
     if HAS_RES:
         # gpt-oss adds in the activations' dtype before normalising: round the sum the same way.
         x = (x + tl.load(res_ptr + row * H + cols, mask=mask, other=0.0).to(tl.float32))
@@ -34,7 +49,7 @@ def _add_rms_norm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, sum_ptr, H: tl.constexp
 
 
 def add_rms_norm_triton(
-    x: torch.Tensor,  # [T, H]
+    x: torch.Tensor,  # [T, H], or unreduced [S, T, k, H] (then residual is required)
     residual: torch.Tensor | None,  # [T, H] or None
     weight: torch.Tensor,  # [H]
     eps: float,
@@ -45,21 +60,28 @@ def add_rms_norm_triton(
     inplace: the new residual x + residual is written into `residual` (which must be contiguous)
     and that same tensor is returned, saving an allocation; otherwise a fresh tensor.
     """
-    t, h = x.shape
-    x = x.contiguous()
-    out = torch.empty_like(x)
+    if x.dim() == 4:
+        assert residual is not None and x.stride(3) == 1, (x.shape, x.stride())
+        parts_s, t, parts_j, h = x.shape
+        dtype = residual.dtype
+    else:
+        x = x.contiguous()
+        (t, h), parts_s, parts_j, dtype = x.shape, 1, 1, x.dtype
+    out = torch.empty(t, h, dtype=dtype, device=x.device)
     if residual is None:
         summed = x
     elif inplace:
-        assert residual.is_contiguous() and residual.shape == x.shape and residual.dtype == x.dtype
+        assert residual.is_contiguous() and residual.shape == (t, h) and residual.dtype == dtype
         summed = residual
     else:
         residual = residual.contiguous()
-        summed = torch.empty_like(x)
+        summed = torch.empty_like(out)
+    strides = x.stride() if x.dim() == 4 else (0, x.stride(0), 0)
     if t:
         _add_rms_norm_kernel[(t,)](x, residual if residual is not None else x, weight, out, summed,
-                                   h, eps, HAS_RES=residual is not None, BLOCK=triton.next_power_of_2(h),
-                                   num_warps=4 if h <= 4096 else 8)
+                                   h, eps, strides[0], strides[1], strides[2],
+                                   HAS_RES=residual is not None, PARTS_S=parts_s, PARTS_J=parts_j,
+                                   BLOCK=triton.next_power_of_2(h), num_warps=4 if h <= 4096 else 8)
     return out, summed
 
 

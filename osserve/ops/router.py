@@ -3,13 +3,19 @@
 `route_reference` is the specification. On CUDA tensors `route` runs, for T <= 128 (decode), one
 Triton kernel for logits + top-k + softmax (router_gemm_triton), and above that cuBLAS for the
 logits and one Triton kernel for top-k + softmax (router_triton). Ties: lower expert index first.
+`route_with_plan` also hands back the MoE's routing plan where that one kernel can build it.
 """
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
 from osserve.ops.dispatch import use_triton
+
+if TYPE_CHECKING:
+    from osserve.ops.moe_align import RoutingPlan
 
 FUSED_MAX_TOKENS = 128  # the fused logits + top-k kernel's range; above it cuBLAS wins
 
@@ -48,3 +54,18 @@ def route(
 
         return route_triton(x, weight, bias, top_k)
     return route_reference(x, weight, bias, top_k)
+
+
+def route_with_plan(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, top_k: int, counters: torch.Tensor | None,
+    plan_block_m: int | None,
+) -> tuple[torch.Tensor, torch.Tensor, RoutingPlan | None]:
+    """route, plus the MoE's routing plan for token tiles of plan_block_m (moe_align.align_tokens'
+    result) where the fused router builds it in the same launch (CUDA, one token block: decode);
+    otherwise None, and the MoE builds its own. plan_block_m None: no plan wanted."""
+    if plan_block_m is not None and use_triton(x) and top_k & (top_k - 1) == 0:
+        from osserve.ops.router_gemm_triton import fits_fused_router, fits_router_plan, router_plan_triton
+
+        if fits_fused_router(x.shape[0], weight.shape[0], top_k) and fits_router_plan(x.shape[0]):
+            return router_plan_triton(x, weight, bias, top_k, counters, plan_block_m)
+    return (*route(x, weight, bias, top_k, counters), None)

@@ -13,7 +13,12 @@ deterministic, unlike atomic adds), adds the bias, rounds to x's dtype (as F.lin
 would be, so expert choice matches the cuBLAS path), runs top-k + softmax, and resets the counter
 to 0 for the next call. The counters must therefore start at zero and persist across calls:
 `router.router_counters` makes them; the model keeps one set per MLP (a non-persistent buffer),
-so inside a CUDA graph the fused router is a single node.
+so inside a CUDA graph the fused router is a single node. The last program reads all the
+partials at once (the split count is a compile-time constant, the loads unrolled): one round
+trip to L2 instead of one per split.
+
+When the batch is one token block (T <= BLOCK_T, decode), that last program also builds the
+MoE's routing plan (moe_align.build_plan) from the ids it just wrote: one launch fewer per layer.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ import torch
 import triton
 import triton.language as tl
 
+from osserve.ops.moe_align import PlanShape, RoutingPlan, build_plan, empty_plan
 from osserve.ops.router import FUSED_MAX_TOKENS, router_counters
 from osserve.ops.router_triton import topk_softmax_rows
 
@@ -36,9 +42,11 @@ H_SPLITS = 8
 @triton.jit
 def _router_gemm_topk_kernel(
     x_ptr, w_ptr, b_ptr, part_ptr, cnt_ptr, out_w_ptr, out_ids_ptr,
-    num_tokens, hidden, stride_xt, stride_we, h_per_split, split, part_rows,
+    sorted_ptr, block_expert_ptr, num_padded_ptr, max_padded, max_blocks,
+    num_tokens, hidden, stride_xt, stride_we, h_per_split, part_rows,
     E: tl.constexpr, K: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_E: tl.constexpr,
-    BLOCK_H: tl.constexpr, SPLIT_H: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    BLOCK_H: tl.constexpr, SPLITS: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    PLAN: tl.constexpr, PLAN_BLOCK_M: tl.constexpr, E_P2: tl.constexpr, CHUNK: tl.constexpr,
 ):  # noqa: ANN001
     pid_t = tl.program_id(0)
     pid_s = tl.program_id(1)
@@ -60,24 +68,39 @@ def _router_gemm_topk_kernel(
         acc = tl.dot(xb, wb, acc, input_precision=DOT_PRECISION)
 
     alive = row_ok[:, None] & col_ok[None, :]
-    if SPLIT_H:
+    if SPLITS > 1:
         # Publish this split's partial; the last of the token block's programs finishes the job.
         tile = (pid_s * part_rows + rows)[:, None] * BLOCK_E + cols[None, :]
         tl.store(part_ptr + tile, acc, mask=alive)
         tl.debug_barrier()  # every thread's partial is written before the counter moves
         done = tl.atomic_add(cnt_ptr + pid_t, 1, sem="acq_rel")
-        if done == split - 1:
+        if done == SPLITS - 1:
             logits = tl.zeros([BLOCK_T, BLOCK_E], dtype=tl.float32)
-            for s in range(0, split):  # fixed order: deterministic sums
+            for s in tl.static_range(SPLITS):  # unrolled, loads issued together; fixed order: deterministic
                 tile = (s * part_rows + rows)[:, None] * BLOCK_E + cols[None, :]
                 # .cg: read from L2, where the other SMs' partials are, never a stale L1 line.
                 logits += tl.load(part_ptr + tile, mask=alive, other=0.0, cache_modifier=".cg")
             tl.atomic_xchg(cnt_ptr + pid_t, 0)  # ready for the next call
-            _bias_topk_softmax(logits, b_ptr, alive, rows, row_ok, cols, col_ok, x_ptr,
-                               out_w_ptr, out_ids_ptr, K, BLOCK_T, BLOCK_E)
+            _finish(logits, b_ptr, alive, rows, row_ok, cols, col_ok, x_ptr, out_w_ptr, out_ids_ptr,
+                    sorted_ptr, block_expert_ptr, num_padded_ptr, num_tokens, max_padded, max_blocks,
+                    K, BLOCK_T, BLOCK_E, PLAN, PLAN_BLOCK_M, E_P2, CHUNK)
     else:
-        _bias_topk_softmax(acc, b_ptr, alive, rows, row_ok, cols, col_ok, x_ptr,
-                           out_w_ptr, out_ids_ptr, K, BLOCK_T, BLOCK_E)
+        _finish(acc, b_ptr, alive, rows, row_ok, cols, col_ok, x_ptr, out_w_ptr, out_ids_ptr,
+                sorted_ptr, block_expert_ptr, num_padded_ptr, num_tokens, max_padded, max_blocks,
+                K, BLOCK_T, BLOCK_E, PLAN, PLAN_BLOCK_M, E_P2, CHUNK)
+
+
+@triton.jit
+def _finish(logits, b_ptr, alive, rows, row_ok, cols, col_ok, x_ptr, out_w_ptr, out_ids_ptr,
+            sorted_ptr, block_expert_ptr, num_padded_ptr, num_tokens, max_padded, max_blocks,
+            K: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_E: tl.constexpr, PLAN: tl.constexpr,
+            PLAN_BLOCK_M: tl.constexpr, E_P2: tl.constexpr, CHUNK: tl.constexpr):  # noqa: ANN001
+    _bias_topk_softmax(logits, b_ptr, alive, rows, row_ok, cols, col_ok, x_ptr, out_w_ptr, out_ids_ptr,
+                       K, BLOCK_T, BLOCK_E)
+    if PLAN:  # one token block: this program holds every id
+        tl.debug_barrier()  # the ids just stored are visible to the whole program
+        build_plan(out_ids_ptr, sorted_ptr, block_expert_ptr, num_padded_ptr, num_tokens * K, max_padded,
+                   max_blocks, PLAN_BLOCK_M, E_P2, CHUNK)
 
 
 @triton.jit
@@ -109,14 +132,43 @@ def router_gemm_topk_triton(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(softmax over the top-k logits [T, k] in x's dtype, expert ids [T, k] int64), as
     `route_reference` up to fp32 accumulation order; ties: lower expert index first."""
+    weights, ids, _ = _launch(x, weight, bias, top_k, counters, split, None)
+    return weights, ids
+
+
+def fits_router_plan(num_tokens: int) -> bool:
+    """Whether router_plan_triton can build the plan: the batch is one token block."""
+    return 0 < num_tokens <= BLOCK_T
+
+
+def router_plan_triton(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, top_k: int, counters: torch.Tensor | None,
+    block_m: int, split: int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, RoutingPlan]:
+    """router_gemm_topk_triton, plus the MoE's routing plan for token tiles of block_m
+    (moe_align.align_tokens' result), from the same launch. T <= BLOCK_T (fits_router_plan)."""
+    assert fits_router_plan(x.shape[0]), x.shape
+    weights, ids, plan = _launch(x, weight, bias, top_k, counters, split, block_m)
+    assert plan is not None
+    return weights, ids, plan
+
+
+def _launch(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, top_k: int, counters: torch.Tensor | None,
+    split: int | None, plan_block_m: int | None,
+) -> tuple[torch.Tensor, torch.Tensor, RoutingPlan | None]:
     t, h = x.shape
     e = weight.shape[0]
     assert fits_fused_router(t, e, top_k) and top_k <= e, (t, e, top_k)
     assert weight.shape[1] == h and bias.shape == (e,) and x.stride(1) == 1 and weight.stride(1) == 1
     weights = torch.empty(t, top_k, dtype=x.dtype, device=x.device)
     ids = torch.empty(t, top_k, dtype=torch.int64, device=x.device)
+    plan_shape, plan = None, None
+    if plan_block_m is not None:
+        plan_shape = PlanShape.of(t * top_k, e, plan_block_m)
+        plan = empty_plan(plan_shape, plan_block_m, x.device)
     if t == 0:
-        return weights, ids
+        return weights, ids, plan
     token_blocks = triton.cdiv(t, BLOCK_T)
     split = split or default_split(h)
     # Whole BLOCK_H blocks per split, so only the last split sees a ragged end.
@@ -131,11 +183,18 @@ def router_gemm_topk_triton(
         assert counters.dtype == torch.int32 and counters.numel() >= token_blocks
     else:
         partials = counters = weights  # unused: the kernel's single-split branch is compiled
+    plan_args = (ids, ids, ids, 0, 0)  # unused unless PLAN
+    if plan is not None and plan_shape is not None:
+        plan_args = (plan.sorted_slots, plan.block_expert, plan.num_padded, plan_shape.max_padded,
+                     plan_shape.max_blocks)
     _router_gemm_topk_kernel[(token_blocks, split)](
-        x, weight, bias, partials, counters, weights, ids,
-        t, h, x.stride(0), weight.stride(0), h_per_split, split, part_rows,
-        E=e, K=top_k, BLOCK_T=BLOCK_T, BLOCK_E=block_e, BLOCK_H=BLOCK_H, SPLIT_H=split > 1,
+        x, weight, bias, partials, counters, weights, ids, *plan_args,
+        t, h, x.stride(0), weight.stride(0), h_per_split, part_rows,
+        E=e, K=top_k, BLOCK_T=BLOCK_T, BLOCK_E=block_e, BLOCK_H=BLOCK_H, SPLITS=split,
         # fp32 (CPU tests, fp32 models): no silent TF32; bf16 ignores the setting.
-        DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32", num_warps=4,
+        DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
+        PLAN=plan is not None, PLAN_BLOCK_M=plan_block_m or 16,
+        E_P2=plan_shape.e_p2 if plan_shape else 1, CHUNK=plan_shape.chunk if plan_shape else 1,
+        num_warps=4,
     )
-    return weights, ids
+    return weights, ids, plan

@@ -90,6 +90,25 @@ def test_gluon_matches_float32_reference(layer, fragments, num_tokens: int, mode
 
 
 @hopper
+@pytest.mark.parametrize("num_tokens", [1, 7, 300])
+def test_gluon_unreduced_output_sums_in_the_norm(layer, fragments, num_tokens: int) -> None:
+    """reduce=False (the model's call) leaves [S, T, k, H] for add_rms_norm to sum: the same residual
+    and normed rows, bit for bit, as summing in the MoE. Batch 1 splits the down GEMM (S = 2)."""
+    from osserve.ops.norm_triton import add_rms_norm_triton
+
+    x = torch.randn(num_tokens, HIDDEN, device="cuda").bfloat16()
+    res = torch.randn(num_tokens, HIDDEN, device="cuda").bfloat16()
+    norm_weight = torch.randn(HIDDEN, device="cuda").bfloat16()
+    weights, ids = random_routing(num_tokens, EXPERTS, TOP_K, "uniform", device="cuda")
+    summed = moe_gluon.fused_moe_gluon(x, weights.bfloat16(), ids, fragments, LIMIT)
+    parts = moe_gluon.fused_moe_gluon(x, weights.bfloat16(), ids, fragments, LIMIT, reduce=False)
+    assert parts.shape[1:] == (num_tokens, TOP_K, HIDDEN) and (num_tokens > 1 or parts.shape[0] > 1)
+    out, new_res = add_rms_norm_triton(parts, res, norm_weight, 1e-5)
+    ref_out, ref_res = add_rms_norm_triton(summed, res, norm_weight, 1e-5)
+    assert torch.equal(new_res, ref_res) and torch.equal(out, ref_out)
+
+
+@hopper
 def test_gluon_small_shapes() -> None:
     """Another shape: gate/up K = 256 (whole 128-column steps, no tail), down K = 320 (a tail)."""
     experts = random_experts(8, 256, 320, device="cuda")

@@ -8,11 +8,12 @@ import pytest
 import torch
 
 from osserve.config import YarnRope
+from osserve.ops.moe_align import align_tokens
 from osserve.ops.norm import add_rms_norm_reference, rms_norm_reference
 from osserve.ops.norm_triton import add_rms_norm_triton, rms_norm_triton
 from osserve.ops.rope import RopeTable, rope_and_cache_reference, rope_and_cache_table_reference
 from osserve.ops.rope_triton import rope_and_cache_triton
-from osserve.ops.router import route, route_reference, router_counters
+from osserve.ops.router import route, route_reference, route_with_plan, router_counters
 from osserve.ops.router_gemm_triton import router_gemm_topk_triton
 from osserve.ops.router_triton import route_triton
 
@@ -42,6 +43,27 @@ def test_norms_gpu(t: int) -> None:
     r = res.clone()
     out2, summed2 = add_rms_norm_triton(x, r, w, 1e-5, inplace=True)
     assert summed2 is r and torch.equal(r, ref_sum) and torch.equal(out2, out)
+
+
+@pytest.mark.parametrize("t", [1, 3, 300])
+@pytest.mark.parametrize("splits", [1, 2])
+def test_add_rms_norm_of_unreduced_moe_rows_gpu(t: int, splits: int) -> None:
+    """x as the MoE leaves it, [S, T, k, H] (bf16 rows, or float32 K-split partials): the residual
+    is bit for bit the float32 sum, splits outer and experts inner, rounded once, plus the residual."""
+    g = torch.Generator(device="cuda").manual_seed(t + splits)
+    dtype = torch.float32 if splits > 1 else torch.bfloat16
+    parts = torch.randn(splits, t, 4, HIDDEN, device="cuda", generator=g).to(dtype)
+    res = torch.randn(t, HIDDEN, device="cuda", generator=g).bfloat16()
+    w = torch.randn(HIDDEN, device="cuda", generator=g).bfloat16()
+    out, summed = add_rms_norm_triton(parts, res, w, 1e-5)
+    in_order = torch.zeros(t, HIDDEN, device="cuda")
+    for s in range(splits):
+        for j in range(4):
+            in_order += parts[s, :, j].float()
+    assert torch.equal(summed, in_order.bfloat16() + res)
+    ref_out, ref_sum = add_rms_norm_reference(parts, res, w, 1e-5)
+    rel_close(summed, ref_sum)
+    rel_close(out, ref_out)
 
 
 @pytest.mark.parametrize("t", TOKENS)
@@ -183,3 +205,27 @@ def test_fused_sampler_on_the_real_vocab() -> None:
         return int(Sampler().sample(logits, b).token_ids[0].item())
 
     assert seeded(1) == seeded(9) == seeded(33)
+
+
+@pytest.mark.parametrize("t", [1, 2, 16, 17])
+@pytest.mark.parametrize("e", [32, 128])
+def test_route_with_plan_gpu(t: int, e: int) -> None:
+    """Up to one token block (16) the router's kernel also builds the MoE's routing plan: the plan
+    align_tokens builds from the same ids. Above, no plan (the MoE aligns)."""
+    g = torch.Generator(device="cuda").manual_seed(t * e + 1)
+    x = torch.randn(t, HIDDEN, device="cuda", generator=g).bfloat16()
+    w = (torch.randn(e, HIDDEN, device="cuda", generator=g) / HIDDEN**0.5).bfloat16()
+    b = torch.randn(e, device="cuda", generator=g).bfloat16()
+    counters = router_counters("cuda")
+    weights, ids, plan = route_with_plan(x, w, b, 4, counters, 16)
+    ref_w, ref_ids = route(x, w, b, 4, counters)
+    assert torch.equal(ids, ref_ids) and torch.equal(weights, ref_w) and not counters.any()
+    if t > 16:
+        assert plan is None
+        return
+    assert plan is not None
+    expected = align_tokens(ids, e, 16)
+    used = int(expected.num_padded.item())
+    assert int(plan.num_padded.item()) == used and plan.max_blocks == expected.max_blocks
+    assert torch.equal(plan.sorted_slots[:used], expected.sorted_slots[:used])
+    assert torch.equal(plan.block_expert, expected.block_expert)

@@ -125,9 +125,9 @@ def _no_clamp(gate_up: torch.Tensor, limit: float) -> torch.Tensor:
     return gate * torch.sigmoid(gate * moe_module.SWIGLU_ALPHA) * (up + 1)
 
 
-def _softmax_before_topk(x, weight, bias, top_k, counters=None):  # type: ignore[no-untyped-def]
+def _softmax_before_topk(x, weight, bias, top_k, counters=None, plan_block_m=None):  # type: ignore[no-untyped-def]
     probs = torch.softmax(torch.nn.functional.linear(x, weight, bias), dim=-1)
-    return torch.topk(probs, top_k, dim=-1)
+    return (*torch.topk(probs, top_k, dim=-1), None)
 
 
 MUTATIONS = {
@@ -135,7 +135,7 @@ MUTATIONS = {
     "window": (gpt_oss_module, "paged_attention", _no_window),
     "interleaved_gate_up": (moe_module, "swiglu", lambda orig: _halves_not_interleaved),
     "swiglu_clamp": (moe_module, "swiglu", lambda orig: _no_clamp),
-    "router_softmax_order": (gpt_oss_module, "route", lambda orig: _softmax_before_topk),
+    "router_softmax_order": (gpt_oss_module, "route_with_plan", lambda orig: _softmax_before_topk),
 }
 
 

@@ -13,6 +13,7 @@ from osserve.ops import moe_align, moe_swapped
 from osserve.ops.moe import moe_reference
 from osserve.ops.moe_swapped import SwappedConfig, fused_moe_swapped, split_k
 from osserve.ops.moe_triton import prepare_mxfp4_experts
+from osserve.ops.norm_triton import add_rms_norm_triton
 from tests.ops.moe_fixtures import poison_fresh_buffers, random_experts, random_routing
 
 LIMIT = 7.0
@@ -49,6 +50,22 @@ def test_matches_reference(num_tokens: int, mode: str, min_programs: int) -> Non
 @pytest.mark.parametrize("min_programs", [NO_SPLIT, MAX_SPLIT], ids=["whole-k", "split-k"])
 def test_masks(min_programs: int) -> None:
     _check(7, 6, 3, 96, 32, "uniform", WIDE, min_programs)
+
+
+@pytest.mark.parametrize("min_programs", [NO_SPLIT, MAX_SPLIT], ids=["whole-k", "split-k"])
+def test_unreduced_output_sums_in_the_norm(min_programs: int) -> None:
+    """reduce=False leaves [S, T, k, H] for add_rms_norm to sum: the same residual and norm, bit for
+    bit, as summing in the MoE (both add splits outer, experts inner, in float32)."""
+    experts = random_experts(8, 160, 96)
+    prepared = prepare_mxfp4_experts(experts)
+    x, res, w = torch.randn(7, 160), torch.randn(7, 160), torch.randn(160)
+    weights, ids = random_routing(7, 8, 4, "uniform")
+    summed = fused_moe_swapped(x, weights, ids, prepared, LIMIT, SMALL, min_programs)
+    parts = fused_moe_swapped(x, weights, ids, prepared, LIMIT, SMALL, min_programs, reduce=False)
+    assert parts.dim() == 4 and parts.shape[1:] == (7, 4, 160) and (parts.shape[0] > 1) == (min_programs > 1)
+    out, new_res = add_rms_norm_triton(parts, res, w, 1e-5)
+    ref_out, ref_res = add_rms_norm_triton(summed, res, w, 1e-5)
+    assert torch.equal(new_res, ref_res) and torch.equal(out, ref_out)
 
 
 def test_split_k_counts() -> None:

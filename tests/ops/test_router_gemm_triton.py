@@ -6,8 +6,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-from osserve.ops.router import route_reference, router_counters
-from osserve.ops.router_gemm_triton import fits_fused_router, router_gemm_topk_triton
+from osserve.ops.moe_align import align_tokens
+from osserve.ops.router import route_reference, route_with_plan, router_counters
+from osserve.ops.router_gemm_triton import (
+    fits_fused_router,
+    fits_router_plan,
+    router_gemm_topk_triton,
+    router_plan_triton,
+)
 
 
 def tie_free_case(t: int, h: int, e: int, seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -56,6 +62,36 @@ def test_fused_router_ties_lower_index_first() -> None:
     weights, ids = router_gemm_topk_triton(x, w, b, 4, router_counters("cpu"), split=1)
     assert ids.tolist() == [[1, 2, 4, 7]] * 2
     assert torch.allclose(weights, torch.full((2, 4), 0.25))
+
+
+def plan_rows(plan) -> tuple[list[int], list[int], int]:  # noqa: ANN001
+    """A plan's contents in use: sorted slots (padding included) up to num_padded, tile experts."""
+    used = int(plan.num_padded.item())
+    return plan.sorted_slots[:used].tolist(), plan.block_expert.tolist(), used
+
+
+@pytest.mark.parametrize("t", [1, 3, 16])
+@pytest.mark.parametrize(("e", "split", "block_m"), [(8, None, 16), (32, 3, 16), (32, 1, 4)])
+def test_router_builds_the_routing_plan(t: int, e: int, split: int | None, block_m: int) -> None:
+    """At one token block the router's last program also builds the MoE's routing plan: the same
+    plan align_tokens builds from the same ids, with or without an H split."""
+    x, w, b = tie_free_case(t, 320, e, seed=t + e)
+    counters = router_counters("cpu")
+    weights, ids, plan = router_plan_triton(x, w, b, 4, counters, block_m, split)
+    ref_w, ref_ids = router_gemm_topk_triton(x, w, b, 4, counters, split)
+    assert torch.equal(ids, ref_ids) and torch.equal(weights, ref_w) and not counters.any()
+    expected = align_tokens(ids, e, block_m)
+    assert plan.block_m == block_m and plan.max_blocks == expected.max_blocks
+    assert plan.sorted_slots.shape == expected.sorted_slots.shape
+    assert plan_rows(plan) == plan_rows(expected)
+
+
+def test_route_with_plan_on_cpu_is_route_reference_without_plan() -> None:
+    x, w, b = tie_free_case(2, 64, 8, seed=3)
+    weights, ids, plan = route_with_plan(x, w, b, 4, router_counters("cpu"), 16)
+    ref_w, ref_ids = route_reference(x, w, b, 4)
+    assert plan is None and torch.equal(ids, ref_ids) and torch.equal(weights, ref_w)
+    assert fits_router_plan(16) and not fits_router_plan(17) and not fits_router_plan(0)
 
 
 def test_fits_fused_router() -> None:

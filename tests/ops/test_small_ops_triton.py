@@ -61,6 +61,27 @@ def test_norms(t: int, h: int, dtype: torch.dtype) -> None:
     assert summed2 is res_in_place and torch.equal(summed2, summed) and torch.equal(out2, out)
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("splits,k", [(1, 4), (2, 4), (3, 1)])
+def test_add_rms_norm_of_unreduced_parts(splits: int, k: int, dtype: torch.dtype) -> None:
+    """x as the MoE leaves it, [S, T, k, H] (float32 split partials, or rows in the model's dtype),
+    and a strided view of it: summed over S and k before the add, as reduce_parts specifies."""
+    t, h = 5, 100
+    g = torch.Generator().manual_seed(splits * 10 + k)
+    part_dtype = torch.float32 if splits > 1 else dtype
+    parts = torch.randn(splits, t * k, h + 4, generator=g).to(part_dtype)[..., :h].view(splits, t, k, h)
+    res = torch.randn(t, h, generator=g).to(dtype)
+    w = torch.randn(h, generator=g).to(dtype)
+    out, summed = add_rms_norm_triton(parts, res, w, 1e-5)
+    ref_out, ref_sum = add_rms_norm_reference(parts, res, w, 1e-5)
+    assert out.shape == summed.shape == (t, h) and out.dtype == summed.dtype == dtype
+    close(summed, ref_sum)
+    close(out, ref_out)
+    if dtype == torch.float32:  # splits outer, experts inner: the order moe_swapped.sum_experts adds in
+        in_order = sum(parts[s, :, j] for s in range(splits) for j in range(k))
+        assert torch.equal(summed, in_order + res)
+
+
 def rope_case(t: int, heads: int, kv_heads: int, d: int, dtype: torch.dtype, seed: int):
     g = torch.Generator().manual_seed(seed)
     q = torch.randn(t, heads, d, generator=g).to(dtype)
