@@ -24,7 +24,7 @@ from osserve.ops.moe import ExpertWeights, fused_moe
 if TYPE_CHECKING:
     from osserve.ops.moe_triton import PreparedExperts
 from osserve.ops.norm import add_rms_norm, rms_norm
-from osserve.ops.rope import RopeTable, rope_and_cache_table
+from osserve.ops.rope import RopeTable, qkv_rope_and_cache, rope_and_cache_table
 from osserve.ops.router import route_with_plan, router_counters
 
 SLIDING_GROUP = "sliding"
@@ -72,16 +72,18 @@ class Attention(nn.Module):
         kv_cache: KVCache,
     ) -> torch.Tensor:
         t = x.shape[0]
-        if self.qkv_weight is not None:
-            q, k, v = linear(x, self.qkv_weight, self.qkv_bias).split(self.qkv_sizes, dim=-1)
-        else:
-            q, k, v = (linear(x, p.weight, p.bias) for p in (self.q_proj, self.k_proj, self.v_proj))
-        q = q.view(t, self.num_heads, self.head_dim)  # views of the fused output: rope takes strides
-        k = k.view(t, self.num_kv_heads, self.head_dim)
-        v = v.view(t, self.num_kv_heads, self.head_dim)
         tables = meta.groups[self.group]
         k_cache, v_cache = kv_cache
-        q, _ = rope_and_cache_table(q, k, v, positions, rope, k_cache, v_cache, tables.slot_mapping)
+        if self.qkv_weight is not None:  # at decode sizes one kernel: projection, RoPE, cache write
+            assert self.qkv_bias is not None
+            q = qkv_rope_and_cache(x, self.qkv_weight, self.qkv_bias, self.num_heads, self.num_kv_heads,
+                                   positions, rope, k_cache, v_cache, tables.slot_mapping)
+        else:
+            q, k, v = (linear(x, p.weight, p.bias) for p in (self.q_proj, self.k_proj, self.v_proj))
+            q, _ = rope_and_cache_table(q.view(t, self.num_heads, self.head_dim),
+                                        k.view(t, self.num_kv_heads, self.head_dim),
+                                        v.view(t, self.num_kv_heads, self.head_dim),
+                                        positions, rope, k_cache, v_cache, tables.slot_mapping)
         out = paged_attention(
             q, k_cache, v_cache, self.sinks, meta, tables, self.scale, self.window
         )
