@@ -19,7 +19,8 @@ from triton.testing import do_bench
 from osserve.ops.linear_triton import DEFAULT_CONFIG, LinearConfig, small_m_linear_triton
 
 HIDDEN, Q, KV, VOCAB, LAYERS = 2880, 4096, 512, 201088, 24
-TOKENS = (1, 2, 4, 8, 16, 32, 64)
+TOKENS = (1, 2, 4, 8, 16, 32)  # up to linear_triton.MAX_TOKENS
+SPLITS = (1, 2, 3, 4, 6, 8)
 
 
 def graph_us(fn, layers: int) -> float:  # noqa: ANN001
@@ -49,13 +50,16 @@ def check(configs: list[LinearConfig]) -> None:
         err = ((got - ref).norm() / ref.norm()).item()
         assert err < 1e-2, (n, k, m, cfg, err)
         worst = max(worst, err)
-    print(f"correctness: {len(configs)} configs x 3 shapes x {len(TOKENS)} batch sizes, "
+        for splits in SPLITS[1:]:
+            parts = small_m_linear_triton(x, w, b, cfg, splits=splits)
+            assert ((parts.sum((0, 2)) - ref).norm() / ref.norm()).item() < 1e-4, (n, k, m, cfg, splits)
+    print(f"correctness: {len(configs)} configs x 3 shapes x {len(TOKENS)} batch sizes (K splits {SPLITS}), "
           f"worst ||out-ref||/||ref|| = {worst:.2e} (bf16 output rounding)")
 
 
 def sweep_configs() -> list[LinearConfig]:
     return [LinearConfig(bn, bk, w, s) for bn, bk, w, s in
-            itertools.product((16, 32, 64), (128, 256, 512), (4,), (3, 5))]
+            itertools.product((32, 64), (128, 256), (4,), (5, 8, 10))]
 
 
 def main() -> None:
@@ -81,6 +85,18 @@ def main() -> None:
                     row.append(graph_us(lambda i, ws=ws, x=x, cfg=cfg: small_m_linear_triton(x, *ws[i], cfg), LAYERS))
             print(f"| {cfg.block_n}, {cfg.block_k}, {cfg.num_warps}, {cfg.num_stages} | "
                   + " | ".join(f"{v:.1f}" for v in (row[0], row[1], row[2], row[3])) + " |")
+
+    if args.sweep:
+        print("\nK split (float32 partials left unreduced, summed by the next add + RMSNorm): o µs per layer")
+        print("| splits | o T=1 | o T=8 | o T=32 |")
+        print("|---|---|---|---|")
+        for splits in SPLITS:
+            row = []
+            for m in (1, 8, 32):
+                x = torch.randn(m, Q, device="cuda", dtype=torch.bfloat16)
+                row.append(graph_us(lambda i, x=x, splits=splits: small_m_linear_triton(x, *o[i], splits=splits),
+                                    LAYERS))
+            print(f"| {splits} | " + " | ".join(f"{v:.1f}" for v in row) + " |")
 
     # Separate q, k, v weights for the "as the model ran them" column: views of the fused ones.
     sep = [(w[:Q], w[Q:Q + KV], w[Q + KV:], b[:Q], b[Q:Q + KV], b[Q + KV:]) for w, b in qkv]

@@ -87,7 +87,9 @@ class Attention(nn.Module):
         out = paged_attention(
             q, k_cache, v_cache, self.sinks, meta, tables, self.scale, self.window
         )
-        return linear(out.reshape(t, self.num_heads * self.head_dim), self.o_proj.weight, self.o_proj.bias)
+        # Unreduced where the kernel splits K: the next add_rms_norm sums the partials.
+        return linear(out.reshape(t, self.num_heads * self.head_dim), self.o_proj.weight, self.o_proj.bias,
+                      reduce=False)
 
     def fuse_qkv(self) -> None:
         """One [q + 2·kv, hidden] weight for the three projections: one GEMM instead of three. At

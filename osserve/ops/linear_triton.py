@@ -48,11 +48,12 @@ def stages_that_fit(config: LinearConfig, block_m: int, itemsize: int) -> int:
 
 @triton.jit
 def _small_m_linear_kernel(
-    x_ptr, w_ptr, b_ptr, out_ptr, M, N, K, stride_xm, stride_wn, stride_om,
+    x_ptr, w_ptr, b_ptr, out_ptr, M, N, K, stride_xm, stride_wn, stride_os, stride_om, k_per_split,
     HAS_BIAS: tl.constexpr, EVEN_K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr,
     BLOCK_K: tl.constexpr, NUM_STAGES: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):  # noqa: ANN001
     pid = tl.program_id(0)
+    split = tl.program_id(1)  # K split: this program's partial sum goes to out[split]
     rn = pid * BLOCK_N + tl.arange(0, BLOCK_N)
     rm = tl.arange(0, BLOCK_M)
     n_ok = rn < N
@@ -60,20 +61,31 @@ def _small_m_linear_kernel(
     w_rows = w_ptr + rn.to(tl.int64)[:, None] * stride_wn
     x_cols = x_ptr + rm[None, :] * stride_xm
     acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
-    for k in tl.range(0, K, BLOCK_K, num_stages=NUM_STAGES):
+    k_start = split * k_per_split
+    k_end = tl.minimum(k_start + k_per_split, K)
+    for k in tl.range(k_start, k_end, BLOCK_K, num_stages=NUM_STAGES):
         rk = k + tl.arange(0, BLOCK_K)
         if EVEN_K:
             w = tl.load(w_rows + rk[None, :], mask=n_ok[:, None], other=0.0)
             x = tl.load(x_cols + rk[:, None], mask=m_ok[None, :], other=0.0)
         else:
-            k_ok = rk < K
+            k_ok = rk < k_end
             w = tl.load(w_rows + rk[None, :], mask=n_ok[:, None] & k_ok[None, :], other=0.0)
             x = tl.load(x_cols + rk[:, None], mask=m_ok[None, :] & k_ok[:, None], other=0.0)
         acc = tl.dot(w, x, acc, input_precision=DOT_PRECISION)
     if HAS_BIAS:
-        acc += tl.load(b_ptr + rn, mask=n_ok, other=0.0).to(tl.float32)[:, None]
-    out = out_ptr + rm[None, :] * stride_om + rn[:, None]
+        if split == 0:
+            acc += tl.load(b_ptr + rn, mask=n_ok, other=0.0).to(tl.float32)[:, None]
+    out = out_ptr + split * stride_os + rm[None, :] * stride_om + rn[:, None]
     tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=n_ok[:, None] & m_ok[None, :])
+
+
+def unreduced_splits(n: int, k: int, sms: int, config: LinearConfig = DEFAULT_CONFIG) -> int:
+    """K splits for a projection whose output may stay unreduced: as many as whole programs per SM
+    allow (at least one BLOCK_K step each). H100, bench_linear.py --sweep, o projection [2880, 4096]
+    (45 row blocks on 132 SMs), µs at T = 1 / 8 / 32 by splits: 1: 12.4 / 12.5 / 13.0; 2 (this
+    rule): 10.8 / 11.0 / 11.2; 3: 11.2 / 11.3 / 13.1; 4: 11.4 / 11.5 / 12.5; 6: 10.9 / 11.1 / 12.4."""
+    return max(1, min(sms // triton.cdiv(n, config.block_n), k // config.block_k))
 
 
 def fits_small_m_linear(x: torch.Tensor, weight: torch.Tensor) -> bool:
@@ -86,17 +98,28 @@ def small_m_linear_triton(
     weight: torch.Tensor,  # [N, K], last dim contiguous (nn.Linear's layout)
     bias: torch.Tensor | None,  # [N]
     config: LinearConfig = DEFAULT_CONFIG,
+    splits: int = 1,
 ) -> torch.Tensor:
-    """F.linear(x, weight, bias) in x's dtype, accumulated in fp32."""
+    """F.linear(x, weight, bias) in x's dtype, accumulated in fp32.
+
+    splits > 1: K is split over that many programs per row block (more of the GPU streaming a
+    weight whose row blocks are fewer than its SMs), and the result is left unreduced: float32
+    partials [S, M, 1, N] (bias in the first), which ops/norm.py's add_rms_norm sums."""
     assert fits_small_m_linear(x, weight), (x.shape, x.stride(), weight.stride(), x.dtype, weight.dtype)
     m, k = x.shape
     n = weight.shape[0]
     assert weight.shape[1] == k and (bias is None or bias.shape == (n,))
-    out = torch.empty(m, n, dtype=x.dtype, device=x.device)
+    # Whole BLOCK_K steps per split, so only the last split can be ragged.
+    k_per_split = triton.cdiv(triton.cdiv(k, splits), config.block_k) * config.block_k
+    splits = triton.cdiv(k, k_per_split)
+    if splits > 1:
+        out = torch.empty(splits, m, 1, n, dtype=torch.float32, device=x.device)
+    else:
+        out = torch.empty(m, n, dtype=x.dtype, device=x.device)
     block_m = max(16, triton.next_power_of_2(m))
-    _small_m_linear_kernel[(triton.cdiv(n, config.block_n),)](
+    _small_m_linear_kernel[(triton.cdiv(n, config.block_n), splits)](
         x, weight, bias if bias is not None else weight, out, m, n, k,
-        x.stride(0), weight.stride(0), out.stride(0),
+        x.stride(0), weight.stride(0), out.stride(0) if splits > 1 else 0, n, k_per_split,
         HAS_BIAS=bias is not None, EVEN_K=k % config.block_k == 0, BLOCK_N=config.block_n,
         BLOCK_M=block_m, BLOCK_K=config.block_k,
         NUM_STAGES=stages_that_fit(config, block_m, x.element_size()),

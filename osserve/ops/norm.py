@@ -3,9 +3,10 @@
 `*_reference` are the specification; `rms_norm` / `add_rms_norm` run the one-pass Triton kernel
 on CUDA tensors.
 
-The x of `add_rms_norm` may come unreduced, as the fused MoE leaves its output ([S, T, k, H]: K
-splits by each token's k experts, see ops/moe.py): it is summed over S and k in float32 and
-rounded to the residual's dtype before the add, so the MoE needs no summing pass of its own."""
+The x of `add_rms_norm` may come unreduced, [S, T, k, H]: as the fused MoE leaves its output (K
+splits by each token's k experts, see ops/moe.py), or a decode projection its K-split partials
+(k = 1, ops/linear.py). It is summed over S and k in float32 and rounded to the residual's dtype
+before the add, so neither needs a summing pass of its own."""
 
 from __future__ import annotations
 

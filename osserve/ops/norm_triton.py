@@ -4,9 +4,9 @@ Each program loads its row (BLOCK = next_power_of_2(H), masked), adds the residu
 sum, reduces in fp32 and stores weight·x·rsqrt(mean(x²)+eps): one read of x and residual, one
 write of the sum and the normed row, where the unfused sequence makes ~7 passes.
 
-x may also come unreduced, as the MoE leaves it (norm.py: [S, T, k, H], summed over S and k):
-the program then adds its token's S·k rows first, which saves the MoE a launch and a round trip
-of the summed rows through memory.
+x may also come unreduced, as the MoE or a K-split projection leaves it (norm.py: [S, T, k, H],
+summed over S and k): the program then adds its token's S·k rows first, which saves a launch and
+a round trip of the summed rows through memory.
 """
 
 from __future__ import annotations

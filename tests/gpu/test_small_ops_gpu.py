@@ -177,6 +177,12 @@ def test_small_m_linear_matches_f_linear(t: int, n: int, k: int) -> None:
     assert out.dtype == torch.bfloat16
     assert ((out.float() - ref).norm() / ref.norm()).item() < 1e-2
     assert torch.equal(linear(x, w, b), out)  # the dispatcher takes the kernel at decode sizes
+    parts = linear(x, w, b, reduce=False)  # K split where the row blocks leave SMs idle: o only (2)
+    if n != HIDDEN:
+        assert torch.equal(parts, out)
+    else:
+        assert parts.shape == (2, t, 1, n) and parts.dtype == torch.float32
+        assert ((parts.sum((0, 2)) - ref).norm() / ref.norm()).item() < 1e-4
 
 
 def test_fused_sampler_on_the_real_vocab() -> None:

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -29,6 +31,27 @@ def test_small_m_linear_matches_f_linear(m: int, n: int, k: int, config: LinearC
         out = small_m_linear_triton(x, w, bias, config)
         assert out.shape == (m, n) and out.dtype == x.dtype
         assert (out - F.linear(x, w, bias)).abs().max().item() < 1e-4
+
+
+@pytest.mark.parametrize("m", [1, 5])
+@pytest.mark.parametrize(("k", "splits", "expected_splits"), [(128, 4, 4), (100, 3, 2), (96, 5, 3)])
+def test_k_split_leaves_float32_partials(m: int, k: int, splits: int, expected_splits: int) -> None:
+    """splits > 1: [S, M, 1, N] float32 partials of whole 32-column steps (the last one ragged where
+    K is), the bias in the first only; their sum is the linear, and add_rms_norm takes them as x."""
+    from osserve.ops.norm_triton import add_rms_norm_triton
+
+    g = torch.Generator().manual_seed(m + k)
+    x, w, b = torch.randn(m, k, generator=g), torch.randn(40, k, generator=g), torch.randn(40, generator=g)
+    parts = small_m_linear_triton(x, w, b, LinearConfig(16, 32, 4, 2), splits=splits)
+    assert parts.shape == (expected_splits, m, 1, 40) and parts.dtype == torch.float32
+    assert (parts.sum((0, 2)) - F.linear(x, w, b)).abs().max().item() < 1e-4
+    k_per_split = math.ceil(math.ceil(k / splits) / 32) * 32
+    first = F.linear(x[:, :k_per_split], w[:, :k_per_split], b)
+    assert (parts[0, :, 0] - first).abs().max().item() < 1e-4  # split 0: its K range plus the bias
+    res, norm_w = torch.randn(m, 40, generator=g), torch.randn(40, generator=g)
+    out, summed = add_rms_norm_triton(parts, res, norm_w, 1e-5)
+    ref_out, ref_sum = add_rms_norm_triton(F.linear(x, w, b), res, norm_w, 1e-5)
+    assert (summed - ref_sum).abs().max().item() < 1e-4 and (out - ref_out).abs().max().item() < 1e-4
 
 
 def test_small_m_linear_row_strided_x() -> None:
