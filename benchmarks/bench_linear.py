@@ -62,6 +62,16 @@ def sweep_configs() -> list[LinearConfig]:
             itertools.product((32, 64), (128, 256), (4,), (5, 8, 10))]
 
 
+def sweep_row(ws: list[tuple[torch.Tensor, torch.Tensor]], k: int, tokens: tuple[int, ...],
+              cfg: LinearConfig, splits: int = 1) -> list[float]:
+    """µs per layer of the small-M kernel over the layers' weights ws, at each of tokens rows."""
+    row = []
+    for m in tokens:
+        x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+        row.append(graph_us(lambda i, x=x: small_m_linear_triton(x, *ws[i], cfg, splits=splits), LAYERS))
+    return row
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--sweep", action="store_true", help="time every config at batch 1 and 32")
@@ -78,24 +88,14 @@ def main() -> None:
         print("| config (BN, BK, warps, stages) | qkv T=1 | qkv T=32 | o T=1 | o T=32 |")
         print("|---|---|---|---|---|")
         for cfg in configs:
-            row = []
-            for ws, k in ((qkv, HIDDEN), (o, Q)):
-                for m in (1, 32):
-                    x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
-                    row.append(graph_us(lambda i, ws=ws, x=x, cfg=cfg: small_m_linear_triton(x, *ws[i], cfg), LAYERS))
+            row = sweep_row(qkv, HIDDEN, (1, 32), cfg) + sweep_row(o, Q, (1, 32), cfg)
             print(f"| {cfg.block_n}, {cfg.block_k}, {cfg.num_warps}, {cfg.num_stages} | "
-                  + " | ".join(f"{v:.1f}" for v in (row[0], row[1], row[2], row[3])) + " |")
-
-    if args.sweep:
+                  + " | ".join(f"{v:.1f}" for v in row) + " |")
         print("\nK split (float32 partials left unreduced, summed by the next add + RMSNorm): o µs per layer")
         print("| splits | o T=1 | o T=8 | o T=32 |")
         print("|---|---|---|---|")
         for splits in SPLITS:
-            row = []
-            for m in (1, 8, 32):
-                x = torch.randn(m, Q, device="cuda", dtype=torch.bfloat16)
-                row.append(graph_us(lambda i, x=x, splits=splits: small_m_linear_triton(x, *o[i], splits=splits),
-                                    LAYERS))
+            row = sweep_row(o, Q, (1, 8, 32), DEFAULT_CONFIG, splits)
             print(f"| {splits} | " + " | ".join(f"{v:.1f}" for v in row) + " |")
 
     # Separate q, k, v weights for the "as the model ran them" column: views of the fused ones.
