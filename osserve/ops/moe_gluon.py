@@ -223,10 +223,10 @@ def fused_moe_gluon(
 ) -> torch.Tensor:
     """x [T, H] bf16 -> [T, H] (or unreduced: moe_swapped.expert_rows); same function as
     moe_reference, on experts prepared with fragments=True. Host-sync free, CUDA-graph capturable.
-    plan: topk_ids' routing plan for this batch's token tile, if the router built it. K is split until a GEMM has
-    min_programs (gate/up) or down_min_programs (down) programs; defaults: PROGRAMS_PER_SM and
-    DOWN_PROGRAMS_PER_SM per SM. gate_up_tiles: 64-row tiles per gate/up program (1 or 2; default
-    by token tile, GATE_UP_TILES_BY_BLOCK_T)."""
+    K is split until a GEMM has min_programs (gate/up) or down_min_programs (down) programs;
+    defaults: PROGRAMS_PER_SM and DOWN_PROGRAMS_PER_SM per SM. gate_up_tiles: 64-row tiles per
+    gate/up program (1 or 2; default by token tile, GATE_UP_TILES_BY_BLOCK_T). plan: topk_ids'
+    routing plan for this batch's token tile, if the router built it (else one is built here)."""
     if x.shape[0] > MAX_TOKENS:  # moe_swapped's bound: larger batches run in chunks of that many tokens
         return torch.cat([fused_moe_gluon(x[i:i + MAX_TOKENS], topk_weights[i:i + MAX_TOKENS],
                                           topk_ids[i:i + MAX_TOKENS], prepared, swiglu_limit, block_t, min_programs,

@@ -8,7 +8,7 @@ streamed as the small-M linear streams its 64-row blocks, and splits the [2·HAL
 its two halves in registers, so that rotate-half (x1' = x1·c − x2·s, x2' = x2·c + x1·s) is
 elementwise. H100, 20b batch-1 step profile: 13.9 µs a layer, against 13.1 for the projection
 alone plus 2.75 for the RoPE kernel (two [HALF, T] MMAs per K step instead: 16.2).
-q heads are rotated into q_out; k heads rotated and v heads as they are go into the cache at
+q heads are rotated into q; k heads rotated and v heads as they are go into the cache at
 the token's slot (slot −1: not stored).
 
 The projection's values are rounded to the activations' dtype before the rotation, as the
