@@ -47,6 +47,27 @@ def stages_that_fit(config: LinearConfig, block_m: int, itemsize: int) -> int:
 
 
 @triton.jit
+def small_m_dot(w_rows, x_cols, n_ok, m_ok, k_start, k_end, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr,
+                BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, NUM_STAGES: tl.constexpr,
+                DOT_PRECISION: tl.constexpr):  # noqa: ANN001, ANN201
+    """acc [BLOCK_N, BLOCK_M] = W[rows, k_start:k_end] · x[:, k_start:k_end]ᵀ in fp32, streamed
+    through a NUM_STAGES-deep pipeline. w_rows [BLOCK_N, 1] and x_cols [1, BLOCK_M] point at
+    column 0; EVEN_K: every step is whole. Shared with qkv_rope_triton.py."""
+    acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
+    for k in tl.range(k_start, k_end, BLOCK_K, num_stages=NUM_STAGES):
+        rk = k + tl.arange(0, BLOCK_K)
+        if EVEN_K:
+            w = tl.load(w_rows + rk[None, :], mask=n_ok[:, None], other=0.0)
+            x = tl.load(x_cols + rk[:, None], mask=m_ok[None, :], other=0.0)
+        else:
+            k_ok = rk < k_end
+            w = tl.load(w_rows + rk[None, :], mask=n_ok[:, None] & k_ok[None, :], other=0.0)
+            x = tl.load(x_cols + rk[:, None], mask=m_ok[None, :] & k_ok[:, None], other=0.0)
+        acc = tl.dot(w, x, acc, input_precision=DOT_PRECISION)
+    return acc
+
+
+@triton.jit
 def _small_m_linear_kernel(
     x_ptr, w_ptr, b_ptr, out_ptr, M, N, K, stride_xm, stride_wn, stride_os, stride_om, k_per_split,
     HAS_BIAS: tl.constexpr, EVEN_K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr,
@@ -60,19 +81,10 @@ def _small_m_linear_kernel(
     m_ok = rm < M
     w_rows = w_ptr + rn.to(tl.int64)[:, None] * stride_wn
     x_cols = x_ptr + rm[None, :] * stride_xm
-    acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
     k_start = split * k_per_split
     k_end = tl.minimum(k_start + k_per_split, K)
-    for k in tl.range(k_start, k_end, BLOCK_K, num_stages=NUM_STAGES):
-        rk = k + tl.arange(0, BLOCK_K)
-        if EVEN_K:
-            w = tl.load(w_rows + rk[None, :], mask=n_ok[:, None], other=0.0)
-            x = tl.load(x_cols + rk[:, None], mask=m_ok[None, :], other=0.0)
-        else:
-            k_ok = rk < k_end
-            w = tl.load(w_rows + rk[None, :], mask=n_ok[:, None] & k_ok[None, :], other=0.0)
-            x = tl.load(x_cols + rk[:, None], mask=m_ok[None, :] & k_ok[:, None], other=0.0)
-        acc = tl.dot(w, x, acc, input_precision=DOT_PRECISION)
+    acc = small_m_dot(w_rows, x_cols, n_ok, m_ok, k_start, k_end, BLOCK_N, BLOCK_M, BLOCK_K, EVEN_K,
+                      NUM_STAGES, DOT_PRECISION)
     if HAS_BIAS:
         if split == 0:
             acc += tl.load(b_ptr + rn, mask=n_ok, other=0.0).to(tl.float32)[:, None]

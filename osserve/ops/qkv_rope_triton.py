@@ -4,7 +4,7 @@ the paged KV-cache write, for T <= linear_triton.MAX_TOKENS tokens.
 Unfused, a decode layer runs the small-M projection (linear_triton.py) and then the RoPE +
 cache-write kernel (rope_triton.py): a whole launch, ~2.7 µs of latency, for ~10 KB of work
 at batch 1. Here the projection's epilogue does it. A program owns one head's rows (q, k or v),
-streamed as the small-M linear streams its 64-row blocks, and splits the [2·HALF, T] result into
+streamed by the small-M linear's loop (linear_triton.small_m_dot), and splits the [2·HALF, T] result into
 its two halves in registers, so that rotate-half (x1' = x1·c − x2·s, x2' = x2·c + x1·s) is
 elementwise. H100, 20b batch-1 step profile: 13.9 µs a layer, against 13.1 for the projection
 alone plus 2.75 for the RoPE kernel (two [HALF, T] MMAs per K step instead: 16.2).
@@ -21,7 +21,7 @@ import torch
 import triton
 import triton.language as tl
 
-from osserve.ops.linear_triton import DEFAULT_CONFIG, MAX_TOKENS, stages_that_fit
+from osserve.ops.linear_triton import DEFAULT_CONFIG, MAX_TOKENS, small_m_dot, stages_that_fit
 
 
 @triton.jit
@@ -39,17 +39,8 @@ def _qkv_rope_cache_kernel(
     rows = head * 2 * HALF + tl.arange(0, 2 * HALF)
     w_rows = w_ptr + rows.to(tl.int64)[:, None] * stride_wn
     x_cols = x_ptr + rm[None, :] * stride_xm
-    acc = tl.zeros([2 * HALF, BLOCK_M], dtype=tl.float32)
-    for k in tl.range(0, K, BLOCK_K, num_stages=NUM_STAGES):
-        rk = k + tl.arange(0, BLOCK_K)
-        if EVEN_K:
-            w = tl.load(w_rows + rk[None, :])
-            x = tl.load(x_cols + rk[:, None], mask=m_ok[None, :], other=0.0)
-        else:
-            k_ok = rk < K
-            w = tl.load(w_rows + rk[None, :], mask=k_ok[None, :], other=0.0)
-            x = tl.load(x_cols + rk[:, None], mask=m_ok[None, :] & k_ok[:, None], other=0.0)
-        acc = tl.dot(w, x, acc, input_precision=DOT_PRECISION)
+    acc = small_m_dot(w_rows, x_cols, rows >= 0, m_ok, 0, K, 2 * HALF, BLOCK_M, BLOCK_K, EVEN_K, NUM_STAGES,
+                      DOT_PRECISION)  # every row of a head is real
     dtype = q_ptr.dtype.element_ty
     # + bias, rounded to the activations' dtype: the values the unfused projection writes.
     acc = (acc + tl.load(b_ptr + rows).to(tl.float32)[:, None]).to(dtype).to(tl.float32)

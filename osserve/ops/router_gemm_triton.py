@@ -164,9 +164,12 @@ def _launch(
     weights = torch.empty(t, top_k, dtype=x.dtype, device=x.device)
     ids = torch.empty(t, top_k, dtype=torch.int64, device=x.device)
     plan_shape, plan = None, None
+    plan_args: tuple[torch.Tensor, torch.Tensor, torch.Tensor, int, int] = (ids, ids, ids, 0, 0)  # unless PLAN
     if plan_block_m is not None:
         plan_shape = PlanShape.of(t * top_k, e, plan_block_m)
         plan = empty_plan(plan_shape, plan_block_m, x.device)
+        plan_args = (plan.sorted_slots, plan.block_expert, plan.num_padded, plan_shape.max_padded,
+                     plan_shape.max_blocks)
     if t == 0:
         return weights, ids, plan
     token_blocks = triton.cdiv(t, BLOCK_T)
@@ -183,10 +186,6 @@ def _launch(
         assert counters.dtype == torch.int32 and counters.numel() >= token_blocks
     else:
         partials = counters = weights  # unused: the kernel's single-split branch is compiled
-    plan_args = (ids, ids, ids, 0, 0)  # unused unless PLAN
-    if plan is not None and plan_shape is not None:
-        plan_args = (plan.sorted_slots, plan.block_expert, plan.num_padded, plan_shape.max_padded,
-                     plan_shape.max_blocks)
     _router_gemm_topk_kernel[(token_blocks, split)](
         x, weight, bias, partials, counters, weights, ids, *plan_args,
         t, h, x.stride(0), weight.stride(0), h_per_split, part_rows,
