@@ -36,11 +36,11 @@ def check(originals, fragments, num_experts: int, label: str) -> None:
             errs = [rel_err(fused_moe_gluon(x, w.bfloat16(), ids, fragments, LIMIT, None, m, stages), ref)
                     for m in (1, None, 10**6)]
             errs += [rel_err(fused_moe_gluon(x, w.bfloat16(), ids, fragments, LIMIT, bt, None, stages), ref)
-                     for bt in (16, 32, 64)]
+                     for bt in (8, 16, 32, 64)]
             errs += [rel_err(fused_moe_gluon(x, w.bfloat16(), ids, fragments, LIMIT, stages=stages, gate_up_tiles=n),
                              ref) for n in (1, 2)]
-            print(f"check {label} T={t} {mode} stages {stages}: gluon (no split, default, max split, bt16, bt32, "
-                  "bt64, 1 and 2 gate/up tiles) err " + " / ".join(f"{e:.2e}" for e in errs), flush=True)
+            print(f"check {label} T={t} {mode} stages {stages}: gluon (no split, default, max split, bt8, bt16, "
+                  "bt32, bt64, 1 and 2 gate/up tiles) err " + " / ".join(f"{e:.2e}" for e in errs), flush=True)
             assert all(e < 1e-2 for e in errs), errs
 
 
@@ -55,6 +55,10 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--tokens", default="1,8,32,64,128,256,512,1024")
     parser.add_argument("--profile", action="store_true", help="each kernel's time at T=1, 8, 32 (20b)")
+    parser.add_argument("--quick", action="store_true",
+                        help="no checks, no variants: the default kernel's times (to compare two trees in one call)")
+    parser.add_argument("--grid", default=None, metavar="STAGES:TILES",
+                        help="only these variants, e.g. 3,4,6:8,16 (ring depths x token tiles, 1 program per SM)")
     args = parser.parse_args()
     tokens = [int(t) for t in args.tokens.split(",")]
     props = torch.cuda.get_device_properties(0)
@@ -75,7 +79,8 @@ def main() -> None:
         originals = [random_experts(num_experts, HIDDEN, INTER, device="cuda") for _ in range(layers)]
         swapped = [prepare_mxfp4_experts(e) for e in originals]
         gluon = [prepare_mxfp4_experts(e, fragments=True) for e in originals]
-        check(originals[0], gluon[0], num_experts, model)
+        if not (args.quick or args.grid):
+            check(originals[0], gluon[0], num_experts, model)
         for e in originals:
             e.gate_up_blocks = e.gate_up_scales = e.down_blocks = e.down_scales = None
         torch.cuda.empty_cache()
@@ -87,18 +92,24 @@ def main() -> None:
             x, w, ids, hit = timing_inputs(t, num_experts)
             base = graph_time_us([partial(fused_moe_swapped, x, w, ids, p, LIMIT) for p in swapped])
             new = graph_time_us([partial(fused_moe_gluon, x, w, ids, p, LIMIT) for p in gluon])
-            variants = {}
-            for stages in (3, 4):
-                for bt in (16, 32, 64):
-                    for m in (1, 2):
+            variants = {"default": new}
+            ring_depths, token_tiles, per_sm = (3, 4), (8, 16, 32, 64), (1, 2)
+            if args.grid:
+                depths, tiles = args.grid.split(":")
+                ring_depths, token_tiles, per_sm = tuple(map(int, depths.split(","))), tuple(
+                    map(int, tiles.split(","))), (1,)
+            extras = not (args.quick or args.grid)
+            for stages in ring_depths if not args.quick else ():
+                for bt in token_tiles:
+                    for m in per_sm:
                         variants[f"st{stages} bt{bt} {m}/SM"] = graph_time_us(
                             [partial(fused_moe_gluon, x, w, ids, p, LIMIT, bt, m * props.multi_processor_count, stages)
                              for p in gluon])
             # one or two 64-row gate/up tiles per program; the down GEMM's K split alone
-            for n in (1, 2):
+            for n in (1, 2) if extras else ():
                 variants[f"{n} gate/up tiles"] = graph_time_us(
                     [partial(fused_moe_gluon, x, w, ids, p, LIMIT, gate_up_tiles=n) for p in gluon])
-            if t <= 32:
+            if t <= 32 and extras:
                 for m in (1, 2, 3):
                     down_min = m * props.multi_processor_count
                     variants[f"down {m}/SM"] = graph_time_us(

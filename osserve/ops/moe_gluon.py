@@ -115,10 +115,10 @@ _PER_STEP = ["num_slots", "num_t_blocks", "num_splits"]
 
 @gluon.jit(do_not_specialize=_PER_STEP)
 def _gate_up_kernel(
-    x_ptr, w_ptr, s_ptr, b_ptr, act_ptr, part_ptr,  # x [T, K]; w [E, 2N, K/8] int32; s [E, 2N, Gp] u8; b [E, 2N]
+    x_ptr, w_ptr, s_ptr, b_ptr, act_ptr, part_ptr,  # x [T, K]; w, s tile-major (moe_gluon_loop); b [E, 2N]
     sorted_ptr, block_expert_ptr, num_padded_ptr,  # act [P, N]; part [S, P, 2N] float32 (split K only)
     num_slots, N, K, num_t_blocks, num_splits, k_per_split, limit,
-    stride_xm, stride_we, stride_wn, stride_se, stride_sn, stride_be, stride_am, stride_ps, stride_pm,
+    stride_xm, stride_we, stride_wt, stride_se, stride_st, stride_be, stride_am, stride_ps, stride_pm,
     TOP_K: gl.constexpr, BLOCK_T: gl.constexpr, SPLIT: gl.constexpr, ALPHA: gl.constexpr, UNSCALE: gl.constexpr,
     STAGES: gl.constexpr, TILES: gl.constexpr,
 ):
@@ -134,11 +134,11 @@ def _gate_up_kernel(
     kcol = gl.arange(0, BLOCK_K, layout=gl.SliceLayout(0, X_LAYOUT))
     x_ptrs = x_ptr + token[:, None] * stride_xm + kcol[None, :]  # [BT, BK]
     tile = pid_w * TILES
-    w_ptrs, s_ptrs, w_mask, word = weight_pointers(w_ptr, s_ptr, expert, tile, 2 * N, stride_we, stride_wn,
-                                                    stride_se, stride_sn, WORD_LAYOUT)
+    w_ptrs, s_ptrs, w_mask, word = weight_pointers(w_ptr, s_ptr, expert, tile, 2 * N, stride_we, stride_wt,
+                                                    stride_se, stride_st, WORD_LAYOUT)
     k_start = pid_s * k_per_split
     k_end = gl.minimum(K, k_start + k_per_split)
-    acc_a, acc_b = k_loop(w_ptrs, s_ptrs, 64 * stride_wn, 64 * stride_sn, x_ptrs, row_ok[:, None], w_mask, word,
+    acc_a, acc_b = k_loop(w_ptrs, s_ptrs, stride_wt, stride_st, x_ptrs, row_ok[:, None], w_mask, word,
                            kcol, k_start, k_end, K, BLOCK_T, TILES == 2, STAGES)
     _gate_up_epilogue(acc_a, tile, expert, pid_s, pid_t, N, limit, b_ptr, act_ptr, part_ptr, sorted_ptr, num_slots,
                       stride_be, stride_am, stride_ps, stride_pm, BLOCK_T, SPLIT, ALPHA, UNSCALE)
@@ -149,10 +149,10 @@ def _gate_up_kernel(
 
 @gluon.jit(do_not_specialize=_PER_STEP)
 def _down_kernel(
-    act_ptr, w_ptr, s_ptr, b_ptr, y_ptr, topk_w_ptr,  # act [P, K]; w [E, N, K/8] int32; y [S, T*k, N]
+    act_ptr, w_ptr, s_ptr, b_ptr, y_ptr, topk_w_ptr,  # act [P, K]; w, s tile-major; y [S, T*k, N]
     sorted_ptr, block_expert_ptr, num_padded_ptr,
     num_slots, N, K, num_t_blocks, num_splits, k_per_split,
-    stride_am, stride_we, stride_wn, stride_se, stride_sn, stride_be, stride_ys, stride_ym,
+    stride_am, stride_we, stride_wt, stride_se, stride_st, stride_be, stride_ys, stride_ym,
     BLOCK_T: gl.constexpr, UNSCALE: gl.constexpr, STAGES: gl.constexpr,
 ):
 
@@ -163,8 +163,8 @@ def _down_kernel(
                                              gl.SliceLayout(1, X_LAYOUT))
     kcol = gl.arange(0, BLOCK_K, layout=gl.SliceLayout(0, X_LAYOUT))
     x_ptrs = act_ptr + rows[:, None].to(gl.int64) * stride_am + kcol[None, :]  # plan rows, sorted order
-    w_ptrs, s_ptrs, w_mask, word = weight_pointers(w_ptr, s_ptr, expert, pid_w, N, stride_we, stride_wn,
-                                                    stride_se, stride_sn, WORD_LAYOUT)
+    w_ptrs, s_ptrs, w_mask, word = weight_pointers(w_ptr, s_ptr, expert, pid_w, N, stride_we, stride_wt,
+                                                    stride_se, stride_st, WORD_LAYOUT)
     k_start = pid_s * k_per_split
     k_end = gl.minimum(K, k_start + k_per_split)
     acc, _ = k_loop(w_ptrs, s_ptrs, 0, 0, x_ptrs, row_ok[:, None], w_mask, word, kcol, k_start, k_end, K,
@@ -191,7 +191,7 @@ def supported(device: torch.device, hidden: int, intermediate: int) -> bool:
 # ring's depth (k_loop's STAGES, >= 2) by tile. H100, bench_moe_gluon.py: 16 up to 8 slots (4
 # stages), 32 up to 32 slots, 64 above (3 stages: 4 leave room for fewer programs per SM).
 BLOCK_T_BY_SLOTS = {8: 16, 32: 32, 1 << 30: 64}
-STAGES_BY_BLOCK_T = {16: 4, 32: 3, 64: 3}
+STAGES_BY_BLOCK_T = {8: 4, 16: 4, 32: 3, 64: 3}
 # Split K only below one program per SM: with the ring, a batch-1 layer's 180 programs per GEMM
 # stream as fast unsplit (20b: 45.9 vs 48.3 us at 2 per SM, which also launched the split sum).
 PROGRAMS_PER_SM = 1
@@ -204,7 +204,7 @@ DOWN_PROGRAMS_PER_SM = 2
 # vs two: 20b T=1 40.8 vs 44.5 us, T=8 177.4 vs 182.5, T=32 239.3 vs 243.5 (16-token tiles); T=256
 # 326.2 vs 316.9 (32), T=1024 863.4 vs 790.9 (64); 120b T=256 991.7 vs 1001.2 (16), T=1024 1504.5
 # vs 1458.7 (32).
-GATE_UP_TILES_BY_BLOCK_T = {16: 1, 32: 2, 64: 2}
+GATE_UP_TILES_BY_BLOCK_T = {8: 1, 16: 1, 32: 2, 64: 2}
 
 
 def fused_moe_gluon(

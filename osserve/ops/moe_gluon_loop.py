@@ -4,7 +4,8 @@ into dequantised warpgroup-MMA operands.
 
 - The weights are stored in MMA-fragment order (mxfp4_fragments.py), and each thread copies the
   16 bytes per row that become exactly its own left-operand registers: the dequantised tile needs
-  no layout conversion (checked at compile time: `assert_trivial`).
+  no layout conversion (checked at compile time: `assert_trivial`). They are stored tile-major, so
+  a K step of a 64-row tile is one contiguous run of 4 KB (and 256 bytes of scales).
 - Each word dequantises with a rotate and a mask per bf16x2 register (DEQUANT_PTX).
 - The weights, scales and activations of the next STAGES - 1 K steps are in flight meanwhile.
 """
@@ -17,9 +18,16 @@ from triton.experimental.gluon.language.nvidia.ampere import async_copy
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, warpgroup_mma, warpgroup_mma_wait
 
 from osserve.ops.mxfp4_fragments import DEQUANT_PTX as _PTX
+from osserve.ops.mxfp4_fragments import ROW_TILE, STEP_SCALES, STEP_WORDS
 
 DEQUANT_PTX = gl.constexpr(_PTX)
 BLOCK_K = gl.constexpr(128)  # K per step
+# The tile-major layout (mxfp4_fragments.py): a row's K step is ROW_W words and ROW_S scales, a
+# 64-row tile's K step STEP_W words and STEP_S scales.
+ROW_W = gl.constexpr(STEP_WORDS)
+ROW_S = gl.constexpr(STEP_SCALES)
+STEP_W = gl.constexpr(ROW_TILE * STEP_WORDS)
+STEP_S = gl.constexpr(ROW_TILE * STEP_SCALES)
 
 # [64 rows, 16 words] of a K step: a thread holds rows g, g+8 of its warp's 16 and words 4q..4q+3.
 WORD_LAYOUT = gl.constexpr(gl.DistributedLinearLayout(
@@ -62,15 +70,16 @@ def _issue_step(wa_ring, wb_ring, sa_ring, sb_ring, x_ring, slot, wa_ptrs, sa_pt
     step = k0 // 128
     live = k0 < k_end
     s_mask = w_mask & live
-    async_copy.async_copy_global_to_shared(sa_ring.index(slot), sa_ptrs + step * 4, mask=s_mask)
+    async_copy.async_copy_global_to_shared(sa_ring.index(slot), sa_ptrs + step * STEP_S, mask=s_mask)
     if TWO:
-        async_copy.async_copy_global_to_shared(sb_ring.index(slot), sa_ptrs + b_off_s + step * 4, mask=s_mask)
+        async_copy.async_copy_global_to_shared(sb_ring.index(slot), sa_ptrs + b_off_s + step * STEP_S, mask=s_mask)
     if k0 + 128 <= K:
-        async_copy.async_copy_global_to_shared(wa_ring.index(slot), wa_ptrs + step * 16, mask=s_mask)
+        async_copy.async_copy_global_to_shared(wa_ring.index(slot), wa_ptrs + step * STEP_W, mask=s_mask)
         if TWO:
-            async_copy.async_copy_global_to_shared(wb_ring.index(slot), wa_ptrs + b_off_w + step * 16, mask=s_mask)
+            async_copy.async_copy_global_to_shared(wb_ring.index(slot), wa_ptrs + b_off_w + step * STEP_W,
+                                                   mask=s_mask)
     else:
-        tail_off = step * 16 + ((word // 4) * 2 + word % 2 - word)[None, :]
+        tail_off = step * STEP_W + ((word // 4) * 2 + word % 2 - word)[None, :]
         t_mask = s_mask & ((word // 2) % 2 == 0)[None, :]
         async_copy.async_copy_global_to_shared(wa_ring.index(slot), wa_ptrs + tail_off, mask=t_mask)
         if TWO:
@@ -138,15 +147,13 @@ def k_loop(wa_ptrs, sa_ptrs, b_off_w, b_off_s, x_ptrs, x_ok, w_mask, word, kcol,
 
 
 @gluon.jit
-def weight_pointers(w_ptr, s_ptr, expert, pid_w, N, stride_we, stride_wn, stride_se, stride_sn,
-                     W_LAYOUT: gl.constexpr):
-    """Pointers to row pid_w*64.. of an expert's words [64, 16] and scales (each word's group), and the row mask."""
-    wrow = pid_w * 64 + gl.arange(0, 64, layout=gl.SliceLayout(1, W_LAYOUT))
+def weight_pointers(w_ptr, s_ptr, expert, tile, N, stride_we, stride_wt, stride_se, stride_st, W_LAYOUT: gl.constexpr):
+    """Pointers to the first K step of an expert's 64-row tile `tile` (tile-major: rows of 16 words and
+    4 scales, mxfp4_fragments.py): words [64, 16], each word's scale, and the row mask (rows < N)."""
+    row = gl.arange(0, 64, layout=gl.SliceLayout(1, W_LAYOUT))
     word = gl.arange(0, 16, layout=gl.SliceLayout(0, W_LAYOUT))
-    w_mask = (wrow < N)[:, None] & (word >= 0)[None, :]
-    # rows of words are 16-byte aligned, rows of scales 4-byte aligned (mxfp4_fragments.py)
-    w_row = gl.multiple_of(wrow[:, None].to(gl.int64) * stride_wn, [1, 4])
-    s_row = gl.multiple_of(wrow[:, None].to(gl.int64) * stride_sn, [1, 4])
-    w_ptrs = w_ptr + expert * stride_we + w_row + word[None, :]
-    s_ptrs = s_ptr + expert * stride_se + s_row + (word % 4)[None, :]
+    w_mask = (tile * 64 + row < N)[:, None] & (word >= 0)[None, :]
+    tile = tile.to(gl.int64)
+    w_ptrs = w_ptr + expert * stride_we + tile * stride_wt + (row * ROW_W)[:, None] + word[None, :]
+    s_ptrs = s_ptr + expert * stride_se + tile * stride_st + (row * ROW_S)[:, None] + (word % 4)[None, :]
     return w_ptrs, s_ptrs, w_mask, word

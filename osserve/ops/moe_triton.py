@@ -41,8 +41,8 @@ class PreparedExperts:
     w2: torch.Tensor  # [E, H, I/2] uint8
     s2: torch.Tensor  # [E, H, I/32] uint8, stored group-major
     b2: torch.Tensor  # [E, H] float32
-    # True: w1/w2 are int32 words in MMA-fragment order and s1/s2 row-major, padded to 4 groups
-    # (mxfp4_fragments.py), for moe_gluon.py; the shapes above are then [E, rows, K/8] / [E, rows, Gp].
+    # True: w1/w2 are int32 words in MMA-fragment order, stored with s1/s2 tile-major
+    # (mxfp4_fragments.py), for moe_gluon.py; w is then [E, rows/64, K steps, 64, 16], s [..., 64, 4].
     fragments: bool = False
 
     @property
@@ -51,11 +51,11 @@ class PreparedExperts:
 
     @property
     def hidden(self) -> int:
-        return self.w2.shape[1]
+        return self.b2.shape[1]
 
     @property
     def intermediate(self) -> int:
-        return self.w1.shape[1] // 2
+        return self.b1.shape[1] // 2
 
 
 @dataclass(frozen=True)
@@ -115,9 +115,9 @@ def prepare_mxfp4_experts(experts: ExpertWeights, fragments: bool = False) -> Pr
         return torch.cat((t[:, 0::2], t[:, 1::2]), dim=1).contiguous()
 
     if fragments:
-        from osserve.ops.mxfp4_fragments import pack_words, pad_scales, pair_eights
+        from osserve.ops.mxfp4_fragments import pack_words, pair_eights, tile_scales
 
-        weights, scales, gate_up_rows = pack_words, pad_scales, pair_eights
+        weights, scales, gate_up_rows = pack_words, tile_scales, pair_eights
     else:
         weights, scales, gate_up_rows = _repair_nibbles, _group_major, deinterleave
     return PreparedExperts(

@@ -14,8 +14,10 @@ Word w of thread q in a K step of S values (S = 128, or 64 for the last step whe
   holds  the 8 values at columns 64 b2 + 32 jw + 16 jx + 8 jy + 2 q + e  (jx, jy, e in {0, 1})
 so a word's 8 values share one 32-value scale group (2 b2 + jw). Output register jj = 2 jx + jy
 of a word is (value e=0, value e=1) as bf16x2; its nibble bits sit where `BIT_PLACES` says.
-Scales stay [E, rows, G] row-major, each row padded to a multiple of 4 groups (one 32-bit load
-per row and K step).
+
+Words and scales are stored tile-major, [E, rows / 64, K steps, 64, 16 words or 4 scales]: a
+kernel program's 64-row tile reads each K step as one contiguous run (4 KB of words, 256 bytes
+of scales) instead of 64 pieces of 64 and 4 bytes a row apart. The last step is zero-padded.
 """
 
 from __future__ import annotations
@@ -97,8 +99,34 @@ def _codes(blocks: torch.Tensor) -> torch.Tensor:
     return torch.stack((blocks & 0x0F, blocks >> 4), dim=-1).flatten(-3)
 
 
+ROW_TILE = 64  # weight rows per Gluon program: one warpgroup MMA's M
+STEP_WORDS = 16  # words per row in a 128-column K step
+STEP_SCALES = 4  # scale groups per row in a K step
+
+
+def _tile(rows_by_columns: torch.Tensor, per_step: int) -> torch.Tensor:
+    """[rows, C] -> [rows / 64, ceil(C / per_step), 64, per_step], the columns zero-padded."""
+    rows, columns = rows_by_columns.shape
+    assert rows % ROW_TILE == 0, "the fragment layout needs whole 64-row tiles (moe_gluon.supported)"
+    steps = -(-columns // per_step)
+    padded = torch.nn.functional.pad(rows_by_columns, (0, steps * per_step - columns))
+    return padded.reshape(rows // ROW_TILE, ROW_TILE, steps, per_step).transpose(1, 2)
+
+
+def untile(tiled: torch.Tensor, columns: int) -> torch.Tensor:
+    """[E, rows / 64, steps, 64, per_step] (pack_words, tile_scales) -> [E, rows, columns] row-major."""
+    e, tiles, steps, rows, per_step = tiled.shape
+    return tiled.transpose(2, 3).reshape(e, tiles * rows, steps * per_step)[..., :columns]
+
+
+def tile_scales(scales: torch.Tensor) -> torch.Tensor:
+    """[E, rows, G] uint8 E8M0 scales -> tile-major [E, rows / 64, K steps, 64, 4], zero-padded."""
+    return torch.stack([_tile(s, STEP_SCALES) for s in scales]).contiguous()
+
+
 def pack_words(blocks: torch.Tensor) -> torch.Tensor:
-    """[E, rows, G, 16] uint8 checkpoint blocks -> [E, rows, G*4] int32 words in fragment order.
+    """[E, rows, G, 16] uint8 checkpoint blocks -> [E, rows / 64, K steps, 64, 16] int32 words in
+    fragment order, tile-major (`untile(words, G * 4)` gives them as rows).
 
     One expert at a time, so that the temporaries stay a few times one expert's values."""
     num_experts, rows, groups, _ = blocks.shape
@@ -109,13 +137,14 @@ def pack_words(blocks: torch.Tensor) -> torch.Tensor:
     src_half = torch.tensor([h for _, h, _ in by_place], device=device)
     src_bit = torch.tensor([i for _, _, i in by_place], device=device)
     weight = torch.ones(32, dtype=torch.int64, device=device) << torch.arange(32, device=device)
-    out = torch.empty(num_experts, rows, groups * 4, dtype=torch.int32, device=device)
+    out = torch.empty(num_experts, rows // ROW_TILE, -(-groups * 4 // STEP_WORDS), ROW_TILE, STEP_WORDS,
+                      dtype=torch.int32, device=device)
     for expert in range(num_experts):
         codes = _codes(blocks[expert])  # [rows, K] uint8
         halves = codes[:, cols]  # [rows, W, 8]
         bits = (halves[:, :, src_half] >> src_bit.to(torch.uint8)) & 1  # [rows, W, 32]
         word = (bits.to(torch.int64) * weight).sum(-1)
-        out[expert] = torch.where(word >= 1 << 31, word - (1 << 32), word).to(torch.int32)
+        out[expert] = _tile(torch.where(word >= 1 << 31, word - (1 << 32), word).to(torch.int32), STEP_WORDS)
     return out
 
 
@@ -129,12 +158,6 @@ def pair_eights(t: torch.Tensor) -> torch.Tensor:
     e, rows, *rest = t.shape
     assert rows % 16 == 0, "pairing needs the intermediate size a multiple of 8"
     return t.reshape(e, rows // 16, 8, 2, *rest).transpose(2, 3).reshape(t.shape).contiguous()
-
-
-def pad_scales(scales: torch.Tensor) -> torch.Tensor:
-    """[E, rows, G] uint8 -> [E, rows, ceil(G/4)*4], zero-padded: 4-byte-aligned loads per K step."""
-    pad = (-scales.shape[-1]) % 4
-    return torch.nn.functional.pad(scales, (0, pad)).contiguous()
 
 
 def emulate_dequant(words: torch.Tensor, scales: torch.Tensor, k: int) -> torch.Tensor:

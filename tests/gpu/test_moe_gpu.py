@@ -65,8 +65,8 @@ def test_matches_float32_reference(layer, num_tokens: int, mode: str, kernel: st
     [(1, "uniform"), (2, "uniform"), (7, "uniform"), (7, "sparse"), (64, "uniform"), (64, "skewed"),
      (300, "uniform"), (300, "sparse"), (4096, "uniform"), (4096, "skewed"), (5000, "uniform")],
 )
-@pytest.mark.parametrize("variant", ["default", "split", "max-split", "tile-16", "tile-32", "tile-64", "ring-2",
-                                     "tile-16-ring-3", "tile-32-ring-4", "one-row-tile", "two-row-tiles",
+@pytest.mark.parametrize("variant", ["default", "split", "max-split", "tile-8", "tile-16", "tile-32", "tile-64",
+                                     "ring-2", "tile-16-ring-3", "tile-32-ring-4", "one-row-tile", "two-row-tiles",
                                      "one-row-tile-max-split", "down-unsplit", "down-max-split"])
 def test_gluon_matches_float32_reference(layer, fragments, num_tokens: int, mode: str, variant: str) -> None:
     """K = 2880 ends on a 64-column tail step; 5000 tokens run as two chunks. The variants: K split
@@ -77,7 +77,8 @@ def test_gluon_matches_float32_reference(layer, fragments, num_tokens: int, mode
     weights, ids = random_routing(num_tokens, EXPERTS, TOP_K, mode, device="cuda")
     ref = moe_reference(x.float(), weights, ids, experts, LIMIT)
     kwargs = {"default": {}, "split": {"min_programs": 264}, "max-split": {"min_programs": 10**6},
-              "tile-16": {"block_t": 16}, "tile-32": {"block_t": 32}, "tile-64": {"block_t": 64},
+              "tile-8": {"block_t": 8}, "tile-16": {"block_t": 16}, "tile-32": {"block_t": 32},
+              "tile-64": {"block_t": 64},
               "ring-2": {"stages": 2}, "tile-16-ring-3": {"block_t": 16, "stages": 3},
               "tile-32-ring-4": {"block_t": 32, "stages": 4}, "one-row-tile": {"gate_up_tiles": 1},
               "two-row-tiles": {"gate_up_tiles": 2},
@@ -92,9 +93,12 @@ def test_gluon_matches_float32_reference(layer, fragments, num_tokens: int, mode
 @hopper
 @pytest.mark.parametrize("num_tokens", [1, 7, 300])
 def test_gluon_unreduced_output_sums_in_the_norm(layer, fragments, num_tokens: int) -> None:
-    """reduce=False (the model's call) leaves [S, T, k, H] for add_rms_norm to sum: the same residual
-    and normed rows, bit for bit, as summing in the MoE. Batch 1 splits the down GEMM (S = 2)."""
-    from osserve.ops.norm_triton import add_rms_norm_triton
+    """reduce=False (the model's call) leaves [S, T, k, H] for add_rms_norm to sum: the same residual,
+    bit for bit, as summing in the MoE, and the same normed rows at the same warps per row (the
+    norm's sum of squares is reduced across the warps, so its rounding depends on their number; at
+    its default, more warps for unreduced rows, within a bf16 rounding). Batch 1 splits the down
+    GEMM (S = 2)."""
+    from osserve.ops.norm_triton import add_rms_norm_triton, default_warps
 
     x = torch.randn(num_tokens, HIDDEN, device="cuda").bfloat16()
     res = torch.randn(num_tokens, HIDDEN, device="cuda").bfloat16()
@@ -104,8 +108,28 @@ def test_gluon_unreduced_output_sums_in_the_norm(layer, fragments, num_tokens: i
     parts = moe_gluon.fused_moe_gluon(x, weights.bfloat16(), ids, fragments, LIMIT, reduce=False)
     assert parts.shape[1:] == (num_tokens, TOP_K, HIDDEN) and (num_tokens > 1 or parts.shape[0] > 1)
     out, new_res = add_rms_norm_triton(parts, res, norm_weight, 1e-5)
-    ref_out, ref_res = add_rms_norm_triton(summed, res, norm_weight, 1e-5)
+    warps = default_warps(HIDDEN, parts.shape[0] * TOP_K)
+    ref_out, ref_res = add_rms_norm_triton(summed, res, norm_weight, 1e-5, num_warps=warps)
     assert torch.equal(new_res, ref_res) and torch.equal(out, ref_out)
+    default_out, _ = add_rms_norm_triton(summed, res, norm_weight, 1e-5)
+    torch.testing.assert_close(out, default_out, rtol=2**-7, atol=1e-6)
+
+
+@hopper
+@pytest.mark.parametrize("num_tokens,block_t", [(1, None), (7, None), (300, None), (300, 16), (300, 32),
+                                                (1024, None)])
+def test_gluon_is_deterministic(layer, fragments, num_tokens: int, block_t: int | None) -> None:
+    """The same call gives the same rows, bit for bit (CUDA-graph replays and greedy decoding rely on
+    it; a race in the shared-memory ring would show here first)."""
+    x = torch.randn(num_tokens, HIDDEN, device="cuda").bfloat16()
+    weights, ids = random_routing(num_tokens, EXPERTS, TOP_K, "uniform", device="cuda")
+    first = moe_gluon.fused_moe_gluon(x, weights.bfloat16(), ids, fragments, LIMIT, block_t, reduce=False)
+    for _ in range(5):
+        again = moe_gluon.fused_moe_gluon(x, weights.bfloat16(), ids, fragments, LIMIT, block_t, reduce=False)
+        differ = again != first  # [S, T, k, H]
+        assert not differ.any(), (f"{differ.sum().item()} values differ, in (split, token, k) "
+                                  f"{differ.any(-1).nonzero()[:6].tolist()}, columns "
+                                  f"{differ.any(0).any(0).any(0).nonzero().flatten()[:12].tolist()}")
 
 
 @hopper
