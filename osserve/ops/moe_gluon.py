@@ -188,9 +188,11 @@ def supported(device: torch.device, hidden: int, intermediate: int) -> bool:
 
 
 # Token tile by the slots an expert gets on average (T * top_k / E), as in moe_swapped.py, and the
-# ring's depth (k_loop's STAGES, >= 2) by tile. H100, bench_moe_gluon.py: 16 up to 8 slots (4
-# stages), 32 up to 32 slots, 64 above (3 stages: 4 leave room for fewer programs per SM).
-BLOCK_T_BY_SLOTS = {8: 16, 32: 32, 1 << 30: 64}
+# ring's depth (k_loop's STAGES, >= 2) by tile. H100, bench_moe_gluon.py: 8 up to 4 slots (a wgmma
+# of N = 8: 20b T=32 176.0 vs 179.4 us with 16, 120b T=128 635.3 vs 659.6; at 8 slots 16 wins,
+# 183.5 vs 213.4), 16 up to 8 slots (4 stages), 32 up to 32 slots, 64 above (3 stages: 4 leave
+# room for fewer programs per SM).
+BLOCK_T_BY_SLOTS = {4: 8, 8: 16, 32: 32, 1 << 30: 64}
 STAGES_BY_BLOCK_T = {8: 4, 16: 4, 32: 3, 64: 3}
 # Split K only below one program per SM: with the ring, a batch-1 layer's 180 programs per GEMM
 # stream as fast unsplit (20b: 45.9 vs 48.3 us at 2 per SM, which also launched the split sum).
