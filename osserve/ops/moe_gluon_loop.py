@@ -79,7 +79,9 @@ def _issue_step(wa_ring, wb_ring, sa_ring, sb_ring, x_ring, slot, wa_ptrs, sa_pt
             async_copy.async_copy_global_to_shared(wb_ring.index(slot), wa_ptrs + b_off_w + step * STEP_W,
                                                    mask=s_mask)
     else:
-        tail_off = step * STEP_W + ((word // 4) * 2 + word % 2 - word)[None, :]
+        # the tail step's rows are 8 words long: row r's words start 8 r, not 16 r, after the full steps
+        row = gl.arange(0, 64, layout=gl.SliceLayout(1, WORD_LAYOUT))
+        tail_off = step * STEP_W - (row * (ROW_W // 2))[:, None] + ((word // 4) * 2 + word % 2 - word)[None, :]
         t_mask = s_mask & ((word // 2) % 2 == 0)[None, :]
         async_copy.async_copy_global_to_shared(wa_ring.index(slot), wa_ptrs + tail_off, mask=t_mask)
         if TWO:
@@ -148,8 +150,9 @@ def k_loop(wa_ptrs, sa_ptrs, b_off_w, b_off_s, x_ptrs, x_ok, w_mask, word, kcol,
 
 @gluon.jit
 def weight_pointers(w_ptr, s_ptr, expert, tile, N, stride_we, stride_wt, stride_se, stride_st, W_LAYOUT: gl.constexpr):
-    """Pointers to the first K step of an expert's 64-row tile `tile` (tile-major: rows of 16 words and
-    4 scales, mxfp4_fragments.py): words [64, 16], each word's scale, and the row mask (rows < N)."""
+    """Pointers to the first K step of an expert's 64-row tile `tile` (tile-major, mxfp4_fragments.py:
+    a step is [64 rows, 16 words] and [64 rows, 4 scales]): words [64, 16], each word's scale, and the
+    row mask (rows < N)."""
     row = gl.arange(0, 64, layout=gl.SliceLayout(1, W_LAYOUT))
     word = gl.arange(0, 16, layout=gl.SliceLayout(0, W_LAYOUT))
     w_mask = (tile * 64 + row < N)[:, None] & (word >= 0)[None, :]

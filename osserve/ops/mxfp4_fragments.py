@@ -15,9 +15,11 @@ Word w of thread q in a K step of S values (S = 128, or 64 for the last step whe
 so a word's 8 values share one 32-value scale group (2 b2 + jw). Output register jj = 2 jx + jy
 of a word is (value e=0, value e=1) as bf16x2; its nibble bits sit where `BIT_PLACES` says.
 
-Words and scales are stored tile-major, [E, rows / 64, K steps, 64, 16 words or 4 scales]: a
-kernel program's 64-row tile reads each K step as one contiguous run (4 KB of words, 256 bytes
-of scales) instead of 64 pieces of 64 and 4 bytes a row apart. The last step is zero-padded.
+Words and scales are stored tile-major: a kernel program's 64-row tile reads each K step as one
+contiguous run (4 KB of words, 256 bytes of scales) instead of 64 pieces of 64 and 4 bytes a row
+apart. Words: [E, rows / 64, 64 * K / 8], each tile its full steps' [64, 16] blocks, then the
+64-column tail step's [64, 8] (the same bytes as the checkpoint: the 120b has none to spare).
+Scales: [E, rows / 64, K steps, 64, 4], the last step zero-padded to 4 groups.
 """
 
 from __future__ import annotations
@@ -104,29 +106,44 @@ STEP_WORDS = 16  # words per row in a 128-column K step
 STEP_SCALES = 4  # scale groups per row in a K step
 
 
-def _tile(rows_by_columns: torch.Tensor, per_step: int) -> torch.Tensor:
-    """[rows, C] -> [rows / 64, ceil(C / per_step), 64, per_step], the columns zero-padded."""
-    rows, columns = rows_by_columns.shape
+def _tile_words(words: torch.Tensor) -> torch.Tensor:
+    """[rows, W] -> [rows / 64, 64 * W]: per 64-row tile the full steps' [64, 16] blocks, then the
+    tail step's [64, W % 16]."""
+    rows, width = words.shape
     assert rows % ROW_TILE == 0, "the fragment layout needs whole 64-row tiles (moe_gluon.supported)"
-    steps = -(-columns // per_step)
-    padded = torch.nn.functional.pad(rows_by_columns, (0, steps * per_step - columns))
-    return padded.reshape(rows // ROW_TILE, ROW_TILE, steps, per_step).transpose(1, 2)
+    full = width // STEP_WORDS * STEP_WORDS
+    head = words[:, :full].reshape(rows // ROW_TILE, ROW_TILE, full // STEP_WORDS, STEP_WORDS).transpose(1, 2)
+    tail = words[:, full:].reshape(rows // ROW_TILE, ROW_TILE * (width - full))
+    return torch.cat((head.reshape(rows // ROW_TILE, -1), tail), dim=1)
 
 
-def untile(tiled: torch.Tensor, columns: int) -> torch.Tensor:
-    """[E, rows / 64, steps, 64, per_step] (pack_words, tile_scales) -> [E, rows, columns] row-major."""
-    e, tiles, steps, rows, per_step = tiled.shape
-    return tiled.transpose(2, 3).reshape(e, tiles * rows, steps * per_step)[..., :columns]
+def untile_words(tiled: torch.Tensor, width: int) -> torch.Tensor:
+    """pack_words' [E, rows / 64, 64 * W] -> [E, rows, W] words, row-major."""
+    e, tiles, _ = tiled.shape
+    full = width // STEP_WORDS * STEP_WORDS
+    head = tiled[..., : ROW_TILE * full].reshape(e, tiles, full // STEP_WORDS, ROW_TILE, STEP_WORDS).transpose(2, 3)
+    tail = tiled[..., ROW_TILE * full:].reshape(e, tiles * ROW_TILE, width - full)
+    return torch.cat((head.reshape(e, tiles * ROW_TILE, full), tail), dim=-1)
 
 
 def tile_scales(scales: torch.Tensor) -> torch.Tensor:
-    """[E, rows, G] uint8 E8M0 scales -> tile-major [E, rows / 64, K steps, 64, 4], zero-padded."""
-    return torch.stack([_tile(s, STEP_SCALES) for s in scales]).contiguous()
+    """[E, rows, G] uint8 E8M0 scales -> [E, rows / 64, K steps, 64, 4], zero-padded to whole steps."""
+    e, rows, groups = scales.shape
+    assert rows % ROW_TILE == 0, "the fragment layout needs whole 64-row tiles (moe_gluon.supported)"
+    steps = -(-groups // STEP_SCALES)
+    padded = torch.nn.functional.pad(scales, (0, steps * STEP_SCALES - groups))
+    return padded.reshape(e, rows // ROW_TILE, ROW_TILE, steps, STEP_SCALES).transpose(2, 3).contiguous()
+
+
+def untile_scales(tiled: torch.Tensor, groups: int) -> torch.Tensor:
+    """tile_scales' [E, rows / 64, steps, 64, 4] -> [E, rows, groups], row-major."""
+    e, tiles, steps, _, _ = tiled.shape
+    return tiled.transpose(2, 3).reshape(e, tiles * ROW_TILE, steps * STEP_SCALES)[..., :groups]
 
 
 def pack_words(blocks: torch.Tensor) -> torch.Tensor:
-    """[E, rows, G, 16] uint8 checkpoint blocks -> [E, rows / 64, K steps, 64, 16] int32 words in
-    fragment order, tile-major (`untile(words, G * 4)` gives them as rows).
+    """[E, rows, G, 16] uint8 checkpoint blocks -> [E, rows / 64, 64 * G * 4] int32 words in
+    fragment order, tile-major (`untile_words(words, G * 4)` gives them as rows).
 
     One expert at a time, so that the temporaries stay a few times one expert's values."""
     num_experts, rows, groups, _ = blocks.shape
@@ -137,14 +154,13 @@ def pack_words(blocks: torch.Tensor) -> torch.Tensor:
     src_half = torch.tensor([h for _, h, _ in by_place], device=device)
     src_bit = torch.tensor([i for _, _, i in by_place], device=device)
     weight = torch.ones(32, dtype=torch.int64, device=device) << torch.arange(32, device=device)
-    out = torch.empty(num_experts, rows // ROW_TILE, -(-groups * 4 // STEP_WORDS), ROW_TILE, STEP_WORDS,
-                      dtype=torch.int32, device=device)
+    out = torch.empty(num_experts, rows // ROW_TILE, ROW_TILE * groups * 4, dtype=torch.int32, device=device)
     for expert in range(num_experts):
         codes = _codes(blocks[expert])  # [rows, K] uint8
         halves = codes[:, cols]  # [rows, W, 8]
         bits = (halves[:, :, src_half] >> src_bit.to(torch.uint8)) & 1  # [rows, W, 32]
         word = (bits.to(torch.int64) * weight).sum(-1)
-        out[expert] = _tile(torch.where(word >= 1 << 31, word - (1 << 32), word).to(torch.int32), STEP_WORDS)
+        out[expert] = _tile_words(torch.where(word >= 1 << 31, word - (1 << 32), word).to(torch.int32))
     return out
 
 

@@ -14,7 +14,8 @@ from osserve.ops.mxfp4_fragments import (
     emulate_dequant,
     pack_words,
     tile_scales,
-    untile,
+    untile_scales,
+    untile_words,
     word_columns,
 )
 
@@ -24,31 +25,44 @@ def test_pack_then_dequantise_is_exact(k: int) -> None:
     gen = torch.Generator().manual_seed(k)
     blocks = torch.randint(0, 256, (2, 64, k // 32, 16), dtype=torch.uint8, generator=gen)
     scales = torch.randint(100, 140, (2, 64, k // 32), dtype=torch.uint8, generator=gen)
-    words = untile(pack_words(blocks), k // 8)
+    words = untile_words(pack_words(blocks), k // 8)
     assert words.shape == (2, 64, k // 8) and words.dtype == torch.int32
     ref = dequantize_mxfp4(blocks, scales, torch.float32)
     for expert in range(2):
         assert torch.equal(emulate_dequant(words[expert], scales[expert], k), ref[expert])
 
 
-@pytest.mark.parametrize("columns, per_step", [(360, 16), (8, 16), (90, 4), (92, 4)])
-def test_tile_major_runs_each_tiles_k_step_contiguously(columns: int, per_step: int) -> None:
-    """Row r's columns [per_step * j, per_step * (j + 1)) sit at [r // 64, j, r % 64]: the kernel's
-    program for a 64-row tile reads one contiguous run per K step; the last step is zero-padded."""
-    rows = 128
-    t = torch.arange(2 * rows * columns, dtype=torch.int32).reshape(2, rows, columns)
-    if per_step == 16:
-        blocks = torch.randint(0, 256, (2, rows, columns // 4, 16), dtype=torch.uint8)
-        t = untile(pack_words(blocks), columns)  # words as rows, to tile again below
-    tiled = pack_words(blocks) if per_step == 16 else tile_scales(t.to(torch.uint8))
-    steps = -(-columns // per_step)
-    assert tiled.shape == (2, rows // 64, steps, 64, per_step) and tiled.is_contiguous()
+@pytest.mark.parametrize("k", [64, 128, 2880])
+def test_tile_major_words_run_each_k_step_contiguously(k: int) -> None:
+    """pack_words: per 64-row tile the full K steps' [64 rows, 16 words] blocks, then the 64-column
+    tail step's [64, 8]: a program reads one contiguous run per step, and the layout is exactly
+    the checkpoint's size."""
+    blocks = torch.randint(0, 256, (2, 128, k // 32, 16), dtype=torch.uint8, generator=torch.Generator().manual_seed(k))
+    tiled = pack_words(blocks)
+    words = untile_words(tiled, k // 8)  # row-major again
+    assert tiled.shape == (2, 2, 64 * k // 8) and tiled.numel() * 4 == blocks.numel()
+    full = k // 128
     for r in (0, 5, 63, 64, 127):
+        tile = tiled[1, r // 64]
+        for j in range(full):
+            assert torch.equal(tile[1024 * j + 16 * (r % 64):][:16], words[1, r, 16 * j: 16 * j + 16])
+        if k % 128:
+            assert torch.equal(tile[1024 * full + 8 * (r % 64):][:8], words[1, r, 16 * full:])
+    assert torch.equal(untile_words(tiled, k // 8), words)
+
+
+@pytest.mark.parametrize("groups", [2, 4, 90])
+def test_tile_major_scales_are_whole_steps(groups: int) -> None:
+    scales = torch.randint(0, 256, (2, 128, groups), dtype=torch.uint8)
+    tiled = tile_scales(scales)
+    steps = -(-groups // 4)
+    assert tiled.shape == (2, 2, steps, 64, 4) and tiled.is_contiguous()
+    for r in (0, 63, 64, 127):
         for j in range(steps):
+            want = scales[1, r, 4 * j: 4 * j + 4]
             got = tiled[1, r // 64, j, r % 64]
-            want = t[1, r, per_step * j: per_step * (j + 1)].to(got.dtype)
             assert torch.equal(got[: want.numel()], want) and not got[want.numel():].any()
-    assert torch.equal(untile(tiled, columns), t.to(tiled.dtype))
+    assert torch.equal(untile_scales(tiled, groups), scales)
 
 
 def test_tile_major_needs_whole_64_row_tiles() -> None:
@@ -86,7 +100,7 @@ def test_prepared_gate_up_rows_pair_gate_and_up_of_eight_columns() -> None:
     prepared = prepare_mxfp4_experts(ex, fragments=True)
     dense = ex.gate_up(torch.float32)  # [E, 2I, H]: gate c at row 2c, up c at 2c + 1
     for expert in range(2):
-        got = emulate_dequant(untile(prepared.w1, 8)[expert], untile(prepared.s1, 2)[expert], 64)
+        got = emulate_dequant(untile_words(prepared.w1, 8)[expert], untile_scales(prepared.s1, 2)[expert], 64)
         for r in range(2 * 64):
             column, is_up = 8 * (r // 16) + r % 8, r % 16 >= 8
             assert torch.equal(got[r], dense[expert, 2 * column + is_up]), r
