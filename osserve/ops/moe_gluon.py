@@ -115,7 +115,7 @@ _PER_STEP = ["num_slots", "num_t_blocks", "num_splits"]
 
 @gluon.jit(do_not_specialize=_PER_STEP)
 def _gate_up_kernel(
-    x_ptr, w_ptr, s_ptr, b_ptr, act_ptr, part_ptr,  # x [T, K]; w, s tile-major (moe_gluon_loop); b [E, 2N]
+    x_ptr, w_ptr, s_ptr, b_ptr, act_ptr, part_ptr,  # x [T, K]; w, s tile-major (mxfp4_fragments); b [E, 2N]
     sorted_ptr, block_expert_ptr, num_padded_ptr,  # act [P, N]; part [S, P, 2N] float32 (split K only)
     num_slots, N, K, num_t_blocks, num_splits, k_per_split, limit,
     stride_xm, stride_we, stride_wt, stride_se, stride_st, stride_be, stride_am, stride_ps, stride_pm,
