@@ -2,10 +2,12 @@
 (moe_swapped.py, the engine's default before it), same run, gpt-oss-20b and -120b shapes.
 
 Run on the GPU: PYTHONPATH=$PWD python3 benchmarks/bench_moe_gluon.py [--tokens 1,8,32,256] [--profile]
+[--quick | --grid 3,4:8,16]
 Correctness first (bf16 vs the float32 reference at several batch sizes and routings, split K and
 not, the 64-column K tail, shared-memory rings of 2-4 steps), then, with --profile, each kernel's
 share of a layer (torch.profiler), then CUDA-graph timings over L layers with distinct weights, / L;
-a table last.
+a table last. --quick: no checks, the default kernel only (to time two trees in one call, the
+older one through PYTHONPATH); --grid: no checks, only ring depths x token tiles.
 """
 
 from __future__ import annotations
