@@ -106,15 +106,20 @@ STEP_WORDS = 16  # words per row in a 128-column K step
 STEP_SCALES = 4  # scale groups per row in a K step
 
 
+def _row_tiles(rows: int) -> int:
+    assert rows % ROW_TILE == 0, "the fragment layout needs whole 64-row tiles (moe_gluon.supported)"
+    return rows // ROW_TILE
+
+
 def _tile_words(words: torch.Tensor) -> torch.Tensor:
     """[rows, W] -> [rows / 64, 64 * W]: per 64-row tile the full steps' [64, 16] blocks, then the
     tail step's [64, W % 16]."""
     rows, width = words.shape
-    assert rows % ROW_TILE == 0, "the fragment layout needs whole 64-row tiles (moe_gluon.supported)"
+    tiles = _row_tiles(rows)
     full = width // STEP_WORDS * STEP_WORDS
-    head = words[:, :full].reshape(rows // ROW_TILE, ROW_TILE, full // STEP_WORDS, STEP_WORDS).transpose(1, 2)
-    tail = words[:, full:].reshape(rows // ROW_TILE, ROW_TILE * (width - full))
-    return torch.cat((head.reshape(rows // ROW_TILE, -1), tail), dim=1)
+    head = words[:, :full].reshape(tiles, ROW_TILE, full // STEP_WORDS, STEP_WORDS).transpose(1, 2)
+    tail = words[:, full:].reshape(tiles, ROW_TILE * (width - full))
+    return torch.cat((head.reshape(tiles, -1), tail), dim=1)
 
 
 def untile_words(tiled: torch.Tensor, width: int) -> torch.Tensor:
@@ -129,10 +134,9 @@ def untile_words(tiled: torch.Tensor, width: int) -> torch.Tensor:
 def tile_scales(scales: torch.Tensor) -> torch.Tensor:
     """[E, rows, G] uint8 E8M0 scales -> [E, rows / 64, K steps, 64, 4], zero-padded to whole steps."""
     e, rows, groups = scales.shape
-    assert rows % ROW_TILE == 0, "the fragment layout needs whole 64-row tiles (moe_gluon.supported)"
     steps = -(-groups // STEP_SCALES)
     padded = torch.nn.functional.pad(scales, (0, steps * STEP_SCALES - groups))
-    return padded.reshape(e, rows // ROW_TILE, ROW_TILE, steps, STEP_SCALES).transpose(2, 3).contiguous()
+    return padded.reshape(e, _row_tiles(rows), ROW_TILE, steps, STEP_SCALES).transpose(2, 3).contiguous()
 
 
 def untile_scales(tiled: torch.Tensor, groups: int) -> torch.Tensor:
@@ -154,7 +158,7 @@ def pack_words(blocks: torch.Tensor) -> torch.Tensor:
     src_half = torch.tensor([h for _, h, _ in by_place], device=device)
     src_bit = torch.tensor([i for _, _, i in by_place], device=device)
     weight = torch.ones(32, dtype=torch.int64, device=device) << torch.arange(32, device=device)
-    out = torch.empty(num_experts, rows // ROW_TILE, ROW_TILE * groups * 4, dtype=torch.int32, device=device)
+    out = torch.empty(num_experts, _row_tiles(rows), ROW_TILE * groups * 4, dtype=torch.int32, device=device)
     for expert in range(num_experts):
         codes = _codes(blocks[expert])  # [rows, K] uint8
         halves = codes[:, cols]  # [rows, W, 8]
