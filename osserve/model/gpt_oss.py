@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     from osserve.ops.moe_triton import PreparedExperts
 from osserve.ops.norm import add_rms_norm, rms_norm
 from osserve.ops.rope import RopeTable, qkv_rope_and_cache, rope_and_cache_table
-from osserve.ops.router import route_with_plan, router_counters
+from osserve.ops.router import add_norm_route_with_plan, router_counters
 
 SLIDING_GROUP = "sliding"
 FULL_GROUP = "full"
@@ -146,13 +146,17 @@ class MLP(nn.Module):
         # must be zeroed once on the device (build_buffers) and never saved.
         self.router_counters = nn.Buffer(router_counters(torch.get_default_device()), persistent=False)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, a: torch.Tensor, residual: torch.Tensor, norm_weight: torch.Tensor,
+                eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+        """The post-attention residual add + RMSNorm (weight norm_weight), then the experts on its
+        rows: (their output, the new residual). At decode the router's kernel also takes the norm
+        and builds the MoE's routing plan (two launches fewer), and the MoE leaves its rows
+        unreduced for the next add_rms_norm to sum (one more)."""
         experts = self.experts.weights()
-        # At decode the router's kernel also builds the MoE's routing plan (one launch fewer), and
-        # the MoE leaves its rows unreduced for the next add_rms_norm to sum (one more).
-        weights, ids, plan = route_with_plan(x, self.router.weight, self.router.bias, self.top_k,
-                                             self.router_counters, experts.plan_block_m(x.shape[0], self.top_k))
-        return fused_moe(x, weights, ids, experts, self.swiglu_limit, reduce=False, plan=plan)
+        x, residual, weights, ids, plan = add_norm_route_with_plan(
+            a, residual, norm_weight, eps, self.router.weight, self.router.bias, self.top_k, self.router_counters,
+            experts.plan_block_m(residual.shape[0], self.top_k))
+        return fused_moe(x, weights, ids, experts, self.swiglu_limit, reduce=False, plan=plan), residual
 
 
 class DecoderLayer(nn.Module):
@@ -180,8 +184,7 @@ class DecoderLayer(nn.Module):
         else:
             x, residual = add_rms_norm(h, residual, self.input_layernorm.weight, self.eps)
         a = self.self_attn(x, positions, rope, meta, kv_cache)
-        x, residual = add_rms_norm(a, residual, self.post_attention_layernorm.weight, self.eps)
-        return self.mlp(x), residual
+        return self.mlp(a, residual, self.post_attention_layernorm.weight, self.eps)
 
 
 class GptOssModel(nn.Module):

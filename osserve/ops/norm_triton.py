@@ -17,6 +17,30 @@ import triton.language as tl
 
 
 @triton.jit
+def add_parts(x_ptr, res_ptr, x_offs, res_offs, mask, stride_xs, stride_xj, PARTS_S: tl.constexpr,
+              PARTS_J: tl.constexpr, dtype: tl.constexpr):  # noqa: ANN001, ANN201
+    """x + residual at the offsets given (any shape), the new residual in dtype. An unreduced x is
+    summed first: splits outer, experts inner, in float32, rounded once, as moe_swapped.sum_experts
+    adds. Shared with the router that takes the post-attention norm (router_gemm_triton.py)."""
+    if PARTS_S * PARTS_J == 1:
+        x = tl.load(x_ptr + x_offs, mask=mask, other=0.0).to(tl.float32)
+    else:
+        x = tl.zeros(x_offs.shape, dtype=tl.float32)
+        for s in tl.static_range(PARTS_S):
+            for j in tl.static_range(PARTS_J):
+                x += tl.load(x_ptr + s * stride_xs + j * stride_xj + x_offs, mask=mask, other=0.0).to(tl.float32)
+        x = x.to(dtype).to(tl.float32)
+    # gpt-oss adds in the activations' dtype before normalising: round the sum the same way.
+    return (x + tl.load(res_ptr + res_offs, mask=mask, other=0.0).to(tl.float32)).to(dtype)
+
+
+@triton.jit
+def row_rstd(x, H, eps):  # noqa: ANN001, ANN201
+    """1 / RMS of a whole row x [BLOCK] (float32, zero past H), as the norm kernel computes it."""
+    return tl.rsqrt(tl.sum(x * x, axis=0) / H + eps)
+
+
+@triton.jit
 def _add_rms_norm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, sum_ptr, H: tl.constexpr, eps,
                          stride_xs, stride_xt, stride_xj,
                          HAS_RES: tl.constexpr, PARTS_S: tl.constexpr, PARTS_J: tl.constexpr,
@@ -24,27 +48,17 @@ def _add_rms_norm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, sum_ptr, H: tl.constexp
     row = tl.program_id(0).to(tl.int64)  # int64 offsets: free here, and safe for any T·H
     cols = tl.arange(0, BLOCK)
     mask = cols < H
-    if PARTS_S * PARTS_J == 1:
-        x = tl.load(x_ptr + row * stride_xt + cols, mask=mask, other=0.0).to(tl.float32)
-    else:
-        # Splits outer, experts inner, in float32, rounded once: as moe_swapped.sum_experts adds.
-        x = tl.zeros([BLOCK], dtype=tl.float32)
-        for s in tl.static_range(PARTS_S):
-            for j in tl.static_range(PARTS_J):
-                part = x_ptr + s * stride_xs + row * stride_xt + j * stride_xj
-                x += tl.load(part + cols, mask=mask, other=0.0).to(tl.float32)
-        x = x.to(out_ptr.dtype.element_ty).to(tl.float32)
     if HAS_RES:
-        # gpt-oss adds in the activations' dtype before normalising: round the sum the same way.
-        x = (x + tl.load(res_ptr + row * H + cols, mask=mask, other=0.0).to(tl.float32))
-        x = x.to(sum_ptr.dtype.element_ty)
+        x = add_parts(x_ptr, res_ptr, row * stride_xt + cols, row * H + cols, mask, stride_xs, stride_xj,
+                      PARTS_S, PARTS_J, sum_ptr.dtype.element_ty)
         # Safe when sum_ptr is res_ptr (in place): this program read its row above, and no other
         # program touches it.
         tl.store(sum_ptr + row * H + cols, x, mask=mask)
         x = x.to(tl.float32)
-    var = tl.sum(x * x, axis=0) / H
+    else:
+        x = tl.load(x_ptr + row * stride_xt + cols, mask=mask, other=0.0).to(tl.float32)
     w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
-    y = w * (x * tl.rsqrt(var + eps))  # weight applied in fp32, one rounding at the end
+    y = w * (x * row_rstd(x, H, eps))  # weight applied in fp32, one rounding at the end
     tl.store(out_ptr + row * H + cols, y.to(out_ptr.dtype.element_ty), mask=mask)
 
 

@@ -3,7 +3,9 @@
 `route_reference` is the specification. On CUDA tensors `route` runs, for T <= 128 (decode), one
 Triton kernel for logits + top-k + softmax (router_gemm_triton), and above that cuBLAS for the
 logits and one Triton kernel for top-k + softmax (router_triton). Ties: lower expert index first.
-`route_with_plan` also hands back the MoE's routing plan where that one kernel can build it.
+`route_with_plan` also hands back the MoE's routing plan where that one kernel can build it, and
+`add_norm_route_with_plan` first takes the post-attention residual add + RMSNorm, into the same
+kernel where it can.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from osserve.ops.dispatch import use_triton
+from osserve.ops.norm import add_rms_norm
 
 if TYPE_CHECKING:
     from osserve.ops.moe_align import RoutingPlan
@@ -69,3 +72,27 @@ def route_with_plan(
         if fits_fused_router(x.shape[0], weight.shape[0], top_k) and fits_router_plan(x.shape[0]):
             return router_plan_triton(x, weight, bias, top_k, counters, plan_block_m)
     return (*route(x, weight, bias, top_k, counters), None)
+
+
+def add_norm_route_with_plan(
+    a: torch.Tensor, residual: torch.Tensor, norm_weight: torch.Tensor, eps: float, weight: torch.Tensor,
+    bias: torch.Tensor, top_k: int, counters: torch.Tensor | None, plan_block_m: int | None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, RoutingPlan | None]:
+    """x, residual = norm.add_rms_norm(a, residual, norm_weight, eps), then route_with_plan(x, ...):
+    (x, residual, weights, ids, plan). On CUDA at up to router_gemm_triton.NORM_MAX_TOKENS tokens
+    (decode) one kernel does it all; its normed rows may then differ from add_rms_norm's in the
+    last bit (the row's sum of squares is reduced by other warps), its residual does not."""
+    num_tokens = residual.shape[0]
+    if plan_block_m is not None and use_triton(residual) and top_k & (top_k - 1) == 0:
+        from osserve.ops.router_gemm_triton import (
+            NormInput,
+            fits_fused_router,
+            fits_router_norm,
+            router_norm_plan_triton,
+        )
+
+        if fits_fused_router(num_tokens, weight.shape[0], top_k) and fits_router_norm(num_tokens):
+            return router_norm_plan_triton(NormInput(a, residual, norm_weight, eps), weight, bias, top_k, counters,
+                                           plan_block_m)
+    x, residual = add_rms_norm(a, residual, norm_weight, eps)
+    return (x, residual, *route_with_plan(x, weight, bias, top_k, counters, plan_block_m))

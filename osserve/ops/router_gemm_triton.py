@@ -19,15 +19,25 @@ trip to L2 instead of one per split.
 
 When the batch is one token block (T <= BLOCK_T, decode), that last program also builds the
 MoE's routing plan (moe_align.build_plan) from the ids it just wrote: one launch fewer per layer.
+
+Up to NORM_MAX_TOKENS tokens the router can also take the post-attention residual add + RMSNorm
+(router_norm_plan_triton): its input is then the attention output (unreduced K-split partials
+too) and the residual. Every program first computes each token's whole-row RMS (the row is at
+most a few tens of KB, read from L2 by all SPLITS programs), then normalises its own H slice on
+the way into its MMAs, and writes that slice of the new residual and of the normed rows (the
+MoE's input). One launch, the norm's, fewer per layer.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 import triton
 import triton.language as tl
 
 from osserve.ops.moe_align import PlanShape, RoutingPlan, build_plan, empty_plan
+from osserve.ops.norm_triton import add_parts, row_rstd
 from osserve.ops.router import FUSED_MAX_TOKENS, router_counters
 from osserve.ops.router_triton import topk_softmax_rows
 
@@ -37,6 +47,17 @@ BLOCK_H = 64
 # H splits per token block. Measured on an H100 (benchmarks/bench_router.py, 2026-11-22), 8 was
 # the fastest at every T in 1..128 for E=32 and E=128 (1, 4, 16, 32, 45 were all slower).
 H_SPLITS = 8
+NORM_MAX_TOKENS = 4  # the norm's whole-row pass is unrolled over the tokens
+
+
+@dataclass(frozen=True)
+class NormInput:
+    """The post-attention add + RMSNorm the router takes over: norm(a + residual) is its input."""
+
+    a: torch.Tensor  # [T, H], or unreduced K-split partials [S, T, 1, H] (ops/linear.py)
+    residual: torch.Tensor  # [T, H]
+    weight: torch.Tensor  # [H]
+    eps: float
 
 
 @triton.jit
@@ -44,9 +65,11 @@ def _router_gemm_topk_kernel(
     x_ptr, w_ptr, b_ptr, part_ptr, cnt_ptr, out_w_ptr, out_ids_ptr,
     sorted_ptr, block_expert_ptr, num_padded_ptr, max_padded, max_blocks,
     num_tokens, hidden, stride_xt, stride_we, h_per_split, part_rows,
+    a_ptr, res_ptr, nw_ptr, sum_ptr, eps, stride_as, stride_at,  # NORM: x = norm(a + res); sum_ptr: a + res
     E: tl.constexpr, K: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_E: tl.constexpr,
     BLOCK_H: tl.constexpr, SPLITS: tl.constexpr, DOT_PRECISION: tl.constexpr,
     PLAN: tl.constexpr, PLAN_BLOCK_M: tl.constexpr, E_P2: tl.constexpr, CHUNK: tl.constexpr,
+    NORM: tl.constexpr, NORM_ROWS: tl.constexpr, PARTS: tl.constexpr, BLOCK_ROW: tl.constexpr,
 ):  # noqa: ANN001
     pid_t = tl.program_id(0)
     pid_s = tl.program_id(1)
@@ -56,6 +79,15 @@ def _router_gemm_topk_kernel(
     col_ok = cols < E
     x_rows = x_ptr + rows.to(tl.int64)[:, None] * stride_xt
     w_cols = w_ptr + cols.to(tl.int64)[None, :] * stride_we
+    dtype = x_ptr.dtype.element_ty
+    if NORM:  # each token's 1 / RMS over its whole row (one program per token block: pid_t = 0)
+        rstd = tl.zeros([BLOCK_T], dtype=tl.float32)
+        row_cols = tl.arange(0, BLOCK_ROW)
+        for r in tl.static_range(NORM_ROWS):
+            if r < num_tokens:
+                whole_row = add_parts(a_ptr, res_ptr, r * stride_at + row_cols, r * hidden + row_cols,
+                                      row_cols < hidden, stride_as, 0, PARTS, 1, dtype).to(tl.float32)
+                rstd = tl.where(rows == r, row_rstd(whole_row, hidden, eps), rstd)
 
     acc = tl.zeros([BLOCK_T, BLOCK_E], dtype=tl.float32)
     h_start = pid_s * h_per_split
@@ -63,7 +95,17 @@ def _router_gemm_topk_kernel(
     for h in range(h_start, h_end, BLOCK_H):
         hs = h + tl.arange(0, BLOCK_H)
         h_ok = hs < h_end
-        xb = tl.load(x_rows + hs[None, :], mask=row_ok[:, None] & h_ok[None, :], other=0.0)
+        ok = row_ok[:, None] & h_ok[None, :]
+        if NORM:  # this slice of the new residual and of the normed rows: written here, used here
+            tile = rows[:, None] * hidden + hs[None, :]
+            new_res = add_parts(a_ptr, res_ptr, rows[:, None] * stride_at + hs[None, :], tile, ok, stride_as, 0,
+                                PARTS, 1, dtype)
+            tl.store(sum_ptr + tile, new_res, mask=ok)
+            nw = tl.load(nw_ptr + hs, mask=h_ok, other=0.0).to(tl.float32)
+            xb = (nw[None, :] * (new_res.to(tl.float32) * rstd[:, None])).to(dtype)  # as _add_rms_norm_kernel
+            tl.store(x_ptr + tile, xb, mask=ok)
+        else:
+            xb = tl.load(x_rows + hs[None, :], mask=ok, other=0.0)
         wb = tl.load(w_cols + hs[:, None], mask=h_ok[:, None] & col_ok[None, :], other=0.0)
         acc = tl.dot(xb, wb, acc, input_precision=DOT_PRECISION)
 
@@ -153,10 +195,37 @@ def router_plan_triton(
     return weights, ids, plan
 
 
+def fits_router_norm(num_tokens: int) -> bool:
+    """Whether router_norm_plan_triton can take the norm: the batch is at most NORM_MAX_TOKENS tokens."""
+    return 0 < num_tokens <= NORM_MAX_TOKENS
+
+
+def router_norm_plan_triton(
+    norm: NormInput, weight: torch.Tensor, bias: torch.Tensor, top_k: int, counters: torch.Tensor | None,
+    block_m: int, split: int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, RoutingPlan]:
+    """norm_triton.add_rms_norm_triton(norm.a, norm.residual, norm.weight, norm.eps) and then
+    router_plan_triton on its normed rows, in one launch: (normed rows, new residual, weights, ids,
+    plan). The new residual is bit for bit the norm kernel's; the normed rows may differ from it in
+    the last bit where the whole-row sum of squares is reduced in another order (other warps)."""
+    a, residual = norm.a, norm.residual
+    t, h = residual.shape
+    assert fits_router_norm(t) and residual.is_contiguous() and norm.weight.shape == (h,)
+    assert a.shape == (t, h) or (a.dim() == 4 and a.shape[1:] == (t, 1, h)), a.shape
+    assert a.stride(-1) == 1
+    x = torch.empty(t, h, dtype=residual.dtype, device=residual.device)  # the normed rows, written by the kernel
+    summed = torch.empty_like(x)  # not in place: every program reads every residual row first
+    weights, ids, plan = _launch(x, weight, bias, top_k, counters, split, block_m, norm, summed)
+    assert plan is not None
+    return x, summed, weights, ids, plan
+
+
 def _launch(
     x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, top_k: int, counters: torch.Tensor | None,
-    split: int | None, plan_block_m: int | None,
+    split: int | None, plan_block_m: int | None, norm: NormInput | None = None, summed: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, RoutingPlan | None]:
+    """The kernel's launch. With norm, x is the output buffer of the normed rows and summed that of
+    the new residual."""
     t, h = x.shape
     e = weight.shape[0]
     assert fits_fused_router(t, e, top_k) and top_k <= e, (t, e, top_k)
@@ -186,14 +255,22 @@ def _launch(
         assert counters.dtype == torch.int32 and counters.numel() >= token_blocks
     else:
         partials = counters = weights  # unused: the kernel's single-split branch is compiled
+    norm_args: tuple = (x, x, x, x, 0.0, 0, 0)  # unless NORM
+    if norm is not None:
+        a = norm.a
+        strides = (a.stride(0), a.stride(1)) if a.dim() == 4 else (0, a.stride(0))
+        norm_args = (a, norm.residual, norm.weight, summed, norm.eps, *strides)
     _router_gemm_topk_kernel[(token_blocks, split)](
         x, weight, bias, partials, counters, weights, ids, *plan_args,
-        t, h, x.stride(0), weight.stride(0), h_per_split, part_rows,
+        t, h, x.stride(0), weight.stride(0), h_per_split, part_rows, *norm_args,
         E=e, K=top_k, BLOCK_T=BLOCK_T, BLOCK_E=block_e, BLOCK_H=BLOCK_H, SPLITS=split,
         # fp32 (CPU tests, fp32 models): no silent TF32; bf16 ignores the setting.
         DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
         PLAN=plan is not None, PLAN_BLOCK_M=plan_block_m or 16,
         E_P2=plan_shape.e_p2 if plan_shape else 1, CHUNK=plan_shape.chunk if plan_shape else 1,
+        NORM=norm is not None, NORM_ROWS=triton.next_power_of_2(t) if norm is not None else 1,
+        PARTS=norm.a.shape[0] if norm is not None and norm.a.dim() == 4 else 1,
+        BLOCK_ROW=triton.next_power_of_2(h) if norm is not None else 16,
         num_warps=4,
     )
     return weights, ids, plan

@@ -13,7 +13,7 @@ from osserve.ops.norm import add_rms_norm_reference, rms_norm_reference
 from osserve.ops.norm_triton import add_rms_norm_triton, rms_norm_triton
 from osserve.ops.rope import RopeTable, rope_and_cache_reference, rope_and_cache_table_reference
 from osserve.ops.rope_triton import rope_and_cache_triton
-from osserve.ops.router import route, route_reference, route_with_plan, router_counters
+from osserve.ops.router import add_norm_route_with_plan, route, route_reference, route_with_plan, router_counters
 from osserve.ops.router_gemm_triton import router_gemm_topk_triton
 from osserve.ops.router_triton import route_triton
 
@@ -235,6 +235,40 @@ def test_route_with_plan_gpu(t: int, e: int) -> None:
     assert int(plan.num_padded.item()) == used and plan.max_blocks == expected.max_blocks
     assert torch.equal(plan.sorted_slots[:used], expected.sorted_slots[:used])
     assert torch.equal(plan.block_expert, expected.block_expert)
+
+
+@pytest.mark.parametrize("t", [1, 3, 4, 5])
+@pytest.mark.parametrize("e", [32, 128])
+@pytest.mark.parametrize("splits", [0, 2])
+def test_add_norm_route_with_plan_gpu(t: int, e: int, splits: int) -> None:
+    """Up to 4 tokens the router's kernel also takes the post-attention add + RMSNorm, from the
+    attention output as bf16 rows (splits 0) or float32 K-split partials: the new residual is bit
+    for bit add_rms_norm's, the normed rows within a bf16 rounding of it, and the routing the
+    unfused router's on those rows (the experts exactly, the weights within a bf16 rounding), with
+    its plan. Above 4 tokens: the unfused pair itself."""
+    g = torch.Generator(device="cuda").manual_seed(t * e + splits)
+    a = torch.randn(splits, t, 1, HIDDEN, device="cuda", generator=g) if splits else (
+        torch.randn(t, HIDDEN, device="cuda", generator=g).bfloat16())
+    res = torch.randn(t, HIDDEN, device="cuda", generator=g).bfloat16()
+    nw = (1 + torch.rand(HIDDEN, device="cuda", generator=g)).bfloat16()
+    w = (torch.randn(e, HIDDEN, device="cuda", generator=g) / HIDDEN**0.5).bfloat16()
+    b = torch.randn(e, device="cuda", generator=g).bfloat16()
+    counters = router_counters("cuda")
+    x, summed, weights, ids, plan = add_norm_route_with_plan(a, res, nw, 1e-5, w, b, 4, counters, 16)
+    ref_x, ref_sum = add_rms_norm_triton(a, res, nw, 1e-5)
+    assert torch.equal(summed, ref_sum) and not counters.any()
+    ulp = 2.0**-7 * ref_x.float().abs()
+    assert ((x.float() - ref_x.float()).abs() <= ulp).all()
+    ref_w, ref_ids = route(x, w, b, 4, router_counters("cuda"))  # the unfused router on the same rows
+    assert torch.equal(ids, ref_ids)
+    rel_close(weights, ref_w, 2**-7)
+    expected = align_tokens(ids, e, 16)
+    used = int(expected.num_padded.item())
+    assert plan is not None and int(plan.num_padded.item()) == used and plan.max_blocks == expected.max_blocks
+    assert torch.equal(plan.sorted_slots[:used], expected.sorted_slots[:used])
+    assert torch.equal(plan.block_expert, expected.block_expert)
+    if t > 4:
+        assert torch.equal(x, ref_x)
 
 
 @pytest.mark.parametrize("t", [1, 3, 32])

@@ -7,11 +7,16 @@ import pytest
 import torch
 
 from osserve.ops.moe_align import align_tokens
-from osserve.ops.router import route_reference, route_with_plan, router_counters
+from osserve.ops.norm import add_rms_norm_reference
+from osserve.ops.norm_triton import add_rms_norm_triton
+from osserve.ops.router import add_norm_route_with_plan, route_reference, route_with_plan, router_counters
 from osserve.ops.router_gemm_triton import (
+    NormInput,
     fits_fused_router,
+    fits_router_norm,
     fits_router_plan,
     router_gemm_topk_triton,
+    router_norm_plan_triton,
     router_plan_triton,
 )
 
@@ -84,6 +89,43 @@ def test_router_builds_the_routing_plan(t: int, e: int, split: int | None, block
     assert plan.block_m == block_m and plan.max_blocks == expected.max_blocks
     assert plan.sorted_slots.shape == expected.sorted_slots.shape
     assert plan_rows(plan) == plan_rows(expected)
+
+
+@pytest.mark.parametrize("t", [1, 3, 4])
+@pytest.mark.parametrize(("parts", "split"), [(0, None), (2, 3), (3, 1)])
+def test_router_takes_the_post_attention_norm(t: int, parts: int, split: int | None) -> None:
+    """router_norm_plan_triton = the add + RMSNorm kernel, then router_plan_triton on its rows: the
+    same new residual, normed rows, routing and plan, from [T, H] or unreduced [S, T, 1, H] input
+    (parts = S), with or without an H split."""
+    h, e = 320, 16
+    x, w, b = tie_free_case(t, h, e, seed=11 * t + parts)
+    g = torch.Generator().manual_seed(t + parts)
+    residual = torch.randn(t, h, generator=g)
+    norm_weight = 1 + torch.rand(h, generator=g)
+    # the attention output that, added to the residual and normed, gives rows near x's scale
+    a = x - residual if not parts else torch.randn(parts, t, 1, h, generator=g) / parts
+    norm = NormInput(a, residual.clone(), norm_weight, 1e-5)
+    counters = router_counters("cpu")
+    got_x, got_res, weights, ids, plan = router_norm_plan_triton(norm, w, b, 4, counters, 16, split)
+    ref_x, ref_res = add_rms_norm_triton(a, residual, norm_weight, 1e-5)
+    assert torch.equal(got_res, ref_res) and torch.equal(residual, norm.residual)  # the residual is left alone
+    assert torch.allclose(got_x, ref_x, rtol=1e-6, atol=1e-6)
+    assert torch.allclose(got_x, add_rms_norm_reference(a, residual, norm_weight, 1e-5)[0], rtol=1e-5, atol=1e-5)
+    ref_w, ref_ids, ref_plan = router_plan_triton(ref_x, w, b, 4, router_counters("cpu"), 16, split)
+    assert torch.equal(ids, ref_ids) and (weights - ref_w).abs().max().item() < 1e-5 and not counters.any()
+    assert plan_rows(plan) == plan_rows(ref_plan)
+
+
+def test_add_norm_route_with_plan_on_cpu_is_the_reference_pair() -> None:
+    x, w, b = tie_free_case(2, 64, 8, seed=5)
+    residual, norm_weight = torch.randn(2, 64), torch.rand(64)
+    normed, summed, weights, ids, plan = add_norm_route_with_plan(x, residual, norm_weight, 1e-5, w, b, 4,
+                                                                  router_counters("cpu"), 16)
+    ref_x, ref_res = add_rms_norm_reference(x, residual, norm_weight, 1e-5)
+    ref_w, ref_ids = route_reference(ref_x, w, b, 4)
+    assert plan is None and torch.equal(normed, ref_x) and torch.equal(summed, ref_res)
+    assert torch.equal(ids, ref_ids) and torch.equal(weights, ref_w)
+    assert fits_router_norm(4) and not fits_router_norm(5) and not fits_router_norm(0)
 
 
 def test_route_with_plan_on_cpu_is_route_reference_without_plan() -> None:
