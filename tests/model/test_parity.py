@@ -15,6 +15,7 @@ import torch
 
 import osserve.model.gpt_oss as gpt_oss_module
 import osserve.ops.moe as moe_module
+import osserve.ops.router as router_module
 from osserve.model.weights import load_model
 from osserve.ops.rope import rope_cos_sin
 from tests.model.contiguous import ContiguousCache
@@ -135,7 +136,8 @@ MUTATIONS = {
     "window": (gpt_oss_module, "paged_attention", _no_window),
     "interleaved_gate_up": (moe_module, "swiglu", lambda orig: _halves_not_interleaved),
     "swiglu_clamp": (moe_module, "swiglu", lambda orig: _no_clamp),
-    "router_softmax_order": (gpt_oss_module, "route_with_plan", lambda orig: _softmax_before_topk),
+    # the model routes through router.add_norm_route_with_plan, which routes (off CUDA) with this one
+    "router_softmax_order": (router_module, "route_with_plan", lambda orig: _softmax_before_topk),
 }
 
 
