@@ -10,29 +10,17 @@ Correctness first: the residual matches the old path bit for bit. Prints the tab
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from functools import partial
 
 import torch
-from triton.testing import do_bench
 
+from benchmarks.bench_moe import graph_time_us
 from osserve.ops.moe_swapped import sum_experts
 from osserve.ops.norm_triton import add_rms_norm_triton, default_warps
 
 HIDDEN, TOP_K, EPS, LAYERS = 2880, 4, 1e-5, 24
 CASES = ((1, 2), (1, 1), (4, 2), (32, 1), (1, 0), (32, 0))  # (tokens, splits); 0: a plain [T, H] x
 WARPS = (4, 8, 16, 32)
-
-
-def graph_us(calls: list[Callable[[], object]]) -> float:
-    for call in calls:
-        call()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for call in calls:
-            call()
-    return do_bench(graph.replay, warmup=20, rep=100, return_mode="median") * 1e3 / len(calls)
 
 
 def case(t: int, splits: int) -> tuple[float, list[float]]:
@@ -55,8 +43,8 @@ def case(t: int, splits: int) -> tuple[float, list[float]]:
     old, new = before(0), after(0)
     assert isinstance(old, tuple) and isinstance(new, tuple)
     assert torch.equal(old[1], new[1]) and torch.equal(old[0], new[0]), (t, splits)
-    return (graph_us([partial(before, i) for i in range(LAYERS)]),
-            [graph_us([partial(after, i, nw) for i in range(LAYERS)]) for nw in WARPS])
+    return (graph_time_us([partial(before, i) for i in range(LAYERS)]),
+            [graph_time_us([partial(after, i, nw) for i in range(LAYERS)]) for nw in WARPS])
 
 
 def main() -> None:
