@@ -213,6 +213,33 @@ def test_fused_sampler_on_the_real_vocab() -> None:
     assert seeded(1) == seeded(9) == seeded(33)
 
 
+@pytest.mark.parametrize("t", [17, 256, 1000, 8192])
+@pytest.mark.parametrize("e,block_m", [(32, 16), (128, 16), (128, 64)])
+@pytest.mark.parametrize("mode", ["uniform", "skewed"])
+def test_align_tokens_gpu(t: int, e: int, block_m: int, mode: str) -> None:
+    """The routing plan at serving and prefill sizes against one built with a stable sort: each
+    expert's slots in slot order, padded with the sentinel; every entry of every buffer."""
+    g = torch.Generator(device="cuda").manual_seed(t + e)
+    if mode == "uniform":
+        ids = torch.rand(t, e, device="cuda", generator=g).topk(4, dim=-1).indices
+    else:  # every token on experts 0-3: one segment of t rows each
+        ids = torch.arange(4, device="cuda").repeat(t, 1)
+    plan = align_tokens(ids, e, block_m)
+    flat = ids.reshape(-1)
+    counts = torch.bincount(flat, minlength=e)
+    padded = (counts + block_m - 1) // block_m * block_m
+    starts = torch.cumsum(padded, 0) - padded
+    order = torch.sort(flat, stable=True).indices  # slots by expert, slot order within one
+    rank = torch.arange(flat.numel(), device="cuda") - (torch.cumsum(counts, 0) - counts)[flat[order]]
+    slots = torch.full((plan.sorted_slots.numel(),), flat.numel(), dtype=torch.int32, device="cuda")
+    slots[starts[flat[order]] + rank] = order.int()
+    used = int(padded.sum())
+    tiles = torch.full((plan.max_blocks,), -1, dtype=torch.int32, device="cuda")
+    tiles[:used // block_m] = torch.repeat_interleave(torch.arange(e, device="cuda"), padded // block_m).int()
+    assert int(plan.num_padded.item()) == used
+    assert torch.equal(plan.sorted_slots, slots) and torch.equal(plan.block_expert, tiles)
+
+
 @pytest.mark.parametrize("t", [1, 2, 16, 17])
 @pytest.mark.parametrize("e", [32, 128])
 def test_route_with_plan_gpu(t: int, e: int) -> None:

@@ -52,28 +52,37 @@ def test_configs_and_odd_shapes(config: MoEConfig | None) -> None:
     _check(7, 6, 3, 96, 32, "uniform", config)
 
 
+def plan_reference(ids: torch.Tensor, num_experts: int, block_m: int, max_padded: int, max_blocks: int,
+                   ) -> tuple[list[int], list[int], int]:
+    """(sorted_slots, block_expert, num_padded) by hand: each expert's slots in slot order, padded
+    with the sentinel T*k to a multiple of block_m; the sentinel and tile expert -1 past the end."""
+    flat = ids.reshape(-1).tolist()
+    sentinel = len(flat)
+    slots: list[int] = []
+    tiles: list[int] = []
+    for e in range(num_experts):
+        mine = [s for s, x in enumerate(flat) if x == e]
+        padded = -(-len(mine) // block_m) * block_m
+        slots += mine + [sentinel] * (padded - len(mine))
+        tiles += [e] * (padded // block_m)
+    used = len(slots)
+    return slots + [sentinel] * (max_padded - used), tiles + [-1] * (max_blocks - len(tiles)), used
+
+
 @pytest.mark.parametrize("mode", ["uniform", "skewed", "sparse"])
 @pytest.mark.parametrize("id_dtype", [torch.int64, torch.int32])
-def test_align_tokens_plan(mode: str, id_dtype: torch.dtype) -> None:
-    """The kernel reads the router's int64 ids as they are (and int32 ones): the same plan."""
+@pytest.mark.parametrize("max_chunk", [16, 2048])
+def test_align_tokens_plan(mode: str, id_dtype: torch.dtype, max_chunk: int) -> None:
+    """The kernel reads the router's int64 ids as they are (and int32 ones): the plan built by hand,
+    every entry of every buffer, whether a program reads the slots in one chunk or in several."""
     num_tokens, num_experts, top_k, block_m = 37, 8, 4, 16
     _, ids = random_routing(num_tokens, num_experts, top_k, mode)
     ids = ids.to(id_dtype)
-    plan = align_tokens(ids, num_experts, block_m)
-    slots = plan.sorted_slots.tolist()
-    num_slots = num_tokens * top_k
-    used = int(plan.num_padded.item())
-    assert used % block_m == 0 and all(s == num_slots for s in slots[used:])
-    real = [s for s in slots[:used] if s != num_slots]
-    assert sorted(real) == list(range(num_slots))  # each slot exactly once
-    flat = ids.reshape(-1).tolist()
-    for b in range(plan.max_blocks):
-        expert = int(plan.block_expert[b])
-        if b * block_m >= used:
-            assert expert == -1
-            continue
-        tile = [s for s in slots[b * block_m:(b + 1) * block_m] if s != num_slots]
-        assert tile and all(flat[s] == expert for s in tile) and tile == sorted(tile)
+    plan = align_tokens(ids, num_experts, block_m, max_chunk=max_chunk)
+    slots, tiles, used = plan_reference(ids, num_experts, block_m, plan.sorted_slots.numel(), plan.max_blocks)
+    assert int(plan.num_padded.item()) == used
+    assert plan.sorted_slots.tolist() == slots
+    assert plan.block_expert.tolist() == tiles
 
 
 def test_fused_moe_dispatch_keeps_reference_on_cpu() -> None:
