@@ -161,12 +161,13 @@ def empty_plan(shape: PlanShape, block_m: int, device: torch.device) -> RoutingP
                        _empty(1, dtype=torch.int32, device=device), shape.max_blocks, block_m)
 
 
-def align_tokens(topk_ids: torch.Tensor, num_experts: int, block_m: int, max_chunk: int = 2048) -> RoutingPlan:
-    """topk_ids [T, k] -> RoutingPlan (one kernel launch, no host sync). max_chunk: slots a program
-    reads at a time (tests make it small to cover the loops)."""
+def align_tokens(topk_ids: torch.Tensor, num_experts: int, block_m: int, chunk: int = 1024) -> RoutingPlan:
+    """topk_ids [T, k] -> RoutingPlan (one kernel launch, no host sync). chunk: slots a program
+    reads at a time, one value for every batch size, so that no batch size compiles a kernel of its
+    own while serving (a size-dependent chunk delayed a server's first wave by ~1 s of compiling;
+    tests make it small to cover the loops)."""
     shape = PlanShape.of(topk_ids.numel(), num_experts, block_m)
     plan = empty_plan(shape, block_m, topk_ids.device)
-    chunk = max(16, min(triton.next_power_of_2(shape.num_slots), max_chunk))
     _align_kernel[(num_experts + 1,)](
         topk_ids.reshape(-1), plan.sorted_slots, plan.block_expert, plan.num_padded, shape.num_slots,
         shape.max_padded, shape.max_blocks, BLOCK_M=block_m, E_P2=shape.e_p2, CHUNK=chunk, num_warps=4,

@@ -71,14 +71,14 @@ def plan_reference(ids: torch.Tensor, num_experts: int, block_m: int, max_padded
 
 @pytest.mark.parametrize("mode", ["uniform", "skewed", "sparse"])
 @pytest.mark.parametrize("id_dtype", [torch.int64, torch.int32])
-@pytest.mark.parametrize("max_chunk", [16, 2048])
-def test_align_tokens_plan(mode: str, id_dtype: torch.dtype, max_chunk: int) -> None:
+@pytest.mark.parametrize("chunk", [16, 1024])
+def test_align_tokens_plan(mode: str, id_dtype: torch.dtype, chunk: int) -> None:
     """The kernel reads the router's int64 ids as they are (and int32 ones): the plan built by hand,
     every entry of every buffer, whether a program reads the slots in one chunk or in several."""
     num_tokens, num_experts, top_k, block_m = 37, 8, 4, 16
     _, ids = random_routing(num_tokens, num_experts, top_k, mode)
     ids = ids.to(id_dtype)
-    plan = align_tokens(ids, num_experts, block_m, max_chunk=max_chunk)
+    plan = align_tokens(ids, num_experts, block_m, chunk=chunk)
     slots, tiles, used = plan_reference(ids, num_experts, block_m, plan.sorted_slots.numel(), plan.max_blocks)
     assert int(plan.num_padded.item()) == used
     assert plan.sorted_slots.tolist() == slots
