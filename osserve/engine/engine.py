@@ -176,17 +176,24 @@ class LLMEngine:
         for Triton to compile them (the first wave of a 256-stream benchmark waited 3.5 s for its
         first tokens). Step 1: three prompts filling the whole token budget (above 4096 tokens the
         dense MoE path); step 2: their decodes beside seven short prompts (a mixed step: the
-        swapped MoE kernel, the attention prefill kernel with several sequences). Leaves no request
-        and no statistics behind; the prompts' blocks stay cached."""
+        swapped MoE kernel, the attention prefill kernel with several sequences); then one prompt
+        alone. The short prompts and the lone one sample at temperature 1, as the server's requests
+        do by default: the first request after start-up, alone and sampled, otherwise compiled the
+        one-row logits projection and the sampling kernel (~1.1 s at 120b). Leaves no request and
+        no statistics behind; the prompts' blocks stay cached."""
         budget = min(self.scheduler_config.max_num_batched_tokens, self.max_model_len - 2)
         short = max(1, min(100, budget // 4))
-        lengths = [(budget - 2 * short, 2), (short, 2), (short, 2)] + [(37, 1)] * 7
-        for i, (n, out) in enumerate(lengths):
-            # Distinct prompts: none may be served from another's cached prefix.
-            self.add_request(f"warm-up-{i}", [(7 * t + 101 * i) % 1000 for t in range(n)],
-                             SamplingParams(temperature=0.0, max_tokens=out, ignore_eos=True))
-        while self.has_unfinished():
-            self.step()
+        waves = [[(budget - 2 * short, 2, 0.0), (short, 2, 0.0), (short, 2, 0.0)] + [(37, 1, 1.0)] * 7,
+                 [(41, 2, 1.0)]]
+        i = 0
+        for wave in waves:
+            for n, out, temperature in wave:
+                # Distinct prompts: none may be served from another's cached prefix.
+                self.add_request(f"warm-up-{i}", [(7 * t + 101 * i) % 1000 for t in range(n)],
+                                 SamplingParams(temperature=temperature, max_tokens=out, ignore_eos=True))
+                i += 1
+            while self.has_unfinished():
+                self.step()
         self.prompt_tokens_total = self.generation_tokens_total = 0
         self.profile = StepProfile()
         self.kv.stats = KVCacheStats()

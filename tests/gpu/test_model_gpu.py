@@ -149,3 +149,33 @@ def test_mixed_step_graphs_match_eager_mixed_steps(tiny_checkpoint: Path) -> Non
     ref_exact, ref_close = agreement(model, prompts, without)
     print(f"mixed graphs {exact:.3f} / {close:.3f}, eager mixed steps {ref_exact:.3f} / {ref_close:.3f}")
     assert exact >= ref_exact - 0.03 and close >= ref_close - 0.03 and exact >= 0.85
+
+
+FIRST_REQUESTS = """
+import sys, triton
+from osserve.engine.load import EngineArgs, build_engine
+from osserve.server.generation import sampling_params
+engine = build_engine(EngineArgs(model=sys.argv[1], max_model_len=4096, kv_cache_gb=1))  # warms up on a GPU
+compiled = []
+triton.knobs.runtime.jit_post_compile_hook = lambda **kw: compiled.append(kw["repr"].split("[")[0])
+for n, group in enumerate((1, 1, 5)):  # a lone request, then a few: the server's default sampling
+    for i in range(group):
+        engine.add_request(f"r{n}-{i}", list(range(100 + n, 163 + n)),
+                           sampling_params(temperature=None, top_p=None, max_tokens=3, seed=None))
+    while engine.has_unfinished():
+        engine.step()
+print("compiled after warm-up:", sorted(set(compiled)))
+"""
+
+
+def test_warm_up_compiles_what_the_first_requests_need(tiny_checkpoint: Path) -> None:
+    """After start-up (warm-up included), the first requests a server gets, a lone one first, at
+    its default temperature, compile no Triton kernel: a fresh process, so no other test's
+    compiles count."""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", FIRST_REQUESTS, str(tiny_checkpoint)], capture_output=True,
+                          text=True, timeout=600, cwd=Path(__file__).parents[2])
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "compiled after warm-up: []" in done.stdout, done.stdout[-2000:]
