@@ -140,8 +140,7 @@ def main() -> None:
     engine = build_engine(EngineArgs(load_format="dummy", preset=args.preset, max_model_len=4096,
                                      max_num_seqs=256, max_num_batched_tokens=8192,
                                      gpu_memory_utilization=args.gpu_memory_utilization))
-    engine.warm_up()
-    gc.collect()
+    gc.collect()  # build_engine has run warm_up (on a GPU)
     gc.freeze()  # as the server's engine process does: full collections would not skip the model's objects
     if "workload" not in args.skip:
         run_workload(engine, args)

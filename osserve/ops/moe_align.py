@@ -164,8 +164,7 @@ def empty_plan(shape: PlanShape, block_m: int, device: torch.device) -> RoutingP
 def align_tokens(topk_ids: torch.Tensor, num_experts: int, block_m: int, chunk: int = 1024) -> RoutingPlan:
     """topk_ids [T, k] -> RoutingPlan (one kernel launch, no host sync). chunk: slots a program
     reads at a time, one value for every batch size, so that no batch size compiles a kernel of its
-    own while serving (a size-dependent chunk delayed a server's first wave by ~1 s of compiling;
-    tests make it small to cover the loops)."""
+    own in the middle of serving (tests make it small to cover the loops)."""
     shape = PlanShape.of(topk_ids.numel(), num_experts, block_m)
     plan = empty_plan(shape, block_m, topk_ids.device)
     _align_kernel[(num_experts + 1,)](
