@@ -11,9 +11,7 @@ import time
 import torch
 import triton
 
-from osserve.engine.load import EngineArgs, build_engine
-from osserve.harmony.render import ChatMessage, render_chat
-from osserve.server.generation import sampling_params
+from benchmarks.profile_serving import chat_prompt, server_params, serving_engine
 
 
 def main() -> None:
@@ -21,22 +19,19 @@ def main() -> None:
     ap.add_argument("--preset", default="120b")
     ap.add_argument("--gpu-memory-utilization", type=float, default=0.97)
     args = ap.parse_args()
-    engine = build_engine(EngineArgs(load_format="dummy", preset=args.preset, max_model_len=4096, max_num_seqs=256,
-                                     max_num_batched_tokens=8192,
-                                     gpu_memory_utilization=args.gpu_memory_utilization))
+    engine = serving_engine(args.preset, args.gpu_memory_utilization)
     # build_engine has run warm_up (on a GPU): from here on, every compile is one warm-up missed.
 
     def report(**kw) -> None:  # type: ignore[no-untyped-def]
         print(f"  not compiled by warm-up: {kw['repr'][:240]}", flush=True)
 
     triton.knobs.runtime.jit_post_compile_hook = report
-    prompt = render_chat([ChatMessage(role="user", content="Explain quantum mechanics in one paragraph.")]).token_ids
+    prompt = chat_prompt()
     n = 0
     for group in (1, 1, 7, 40, 130, 1):
         start = time.perf_counter()
         for _ in range(group):
-            engine.add_request(f"r{n}", list(prompt), sampling_params(temperature=None, top_p=None, max_tokens=4,
-                                                                      seed=None, extra={"ignore_eos": True}))
+            engine.add_request(f"r{n}", list(prompt), server_params(4))
             n += 1
         steps = []
         first = None

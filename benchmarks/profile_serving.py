@@ -27,10 +27,29 @@ import torch
 
 from osserve.engine.engine import LLMEngine, StepProfile
 from osserve.engine.load import EngineArgs, build_engine
+from osserve.engine.sampling_params import SamplingParams
 from osserve.harmony.render import ChatMessage, render_chat
 from osserve.server.generation import sampling_params
 
 PROMPT = "Explain quantum mechanics in one paragraph."
+
+
+def serving_engine(preset: str, gpu_memory_utilization: float) -> LLMEngine:
+    """The engine as benchmarks/serve_bench.sh starts the server's (random weights; warmed up on a GPU)."""
+    return build_engine(EngineArgs(load_format="dummy", preset=preset, max_model_len=4096, max_num_seqs=256,
+                                   max_num_batched_tokens=8192, gpu_memory_utilization=gpu_memory_utilization))
+
+
+def chat_prompt() -> list[int]:
+    """The server's rendering of the benchmark's chat message."""
+    return render_chat([ChatMessage(role="user", content=PROMPT)]).token_ids
+
+
+def server_params(max_tokens: int) -> SamplingParams:
+    """What the server makes of the load generator's request: its defaults (temperature 1, its stop
+    ids), max_tokens and ignore_eos."""
+    return sampling_params(temperature=None, top_p=None, max_tokens=max_tokens, seed=None,
+                           extra={"ignore_eos": True})
 
 
 class ClosedLoop:
@@ -38,14 +57,12 @@ class ClosedLoop:
 
     def __init__(self, engine: LLMEngine, concurrency: int, total: int, max_tokens: int) -> None:
         self.engine, self.concurrency, self.total, self.max_tokens = engine, concurrency, total, max_tokens
-        self.prompt = render_chat([ChatMessage(role="user", content=PROMPT)]).token_ids
+        self.prompt = chat_prompt()
         self.started = self.finished = self.output_tokens = 0
 
     def top_up(self) -> None:
         while self.started - self.finished < self.concurrency and self.started < self.total:
-            params = sampling_params(temperature=None, top_p=None, max_tokens=self.max_tokens, seed=None,
-                                     extra={"ignore_eos": True})
-            self.engine.add_request(f"r{self.started}", list(self.prompt), params)
+            self.engine.add_request(f"r{self.started}", list(self.prompt), server_params(self.max_tokens))
             self.started += 1
 
     def step(self) -> None:
@@ -137,9 +154,7 @@ def main() -> None:
     ap.add_argument("--top", type=int, default=30)
     ap.add_argument("--skip", default="", help="comma list of: workload,profile")
     args = ap.parse_args()
-    engine = build_engine(EngineArgs(load_format="dummy", preset=args.preset, max_model_len=4096,
-                                     max_num_seqs=256, max_num_batched_tokens=8192,
-                                     gpu_memory_utilization=args.gpu_memory_utilization))
+    engine = serving_engine(args.preset, args.gpu_memory_utilization)
     gc.collect()  # build_engine has run warm_up (on a GPU)
     gc.freeze()  # as the server's engine process does: full collections would not skip the model's objects
     if "workload" not in args.skip:

@@ -59,6 +59,17 @@ def route(
     return route_reference(x, weight, bias, top_k)
 
 
+def _fused_plan_block_m(rows: torch.Tensor, num_experts: int, top_k: int, plan_block_m: int | None) -> int | None:
+    """plan_block_m where the fused router kernel can build the routing plan for `rows`' tokens in
+    its own launch (CUDA, one token block: decode); None where the MoE must build its own."""
+    if plan_block_m is None or not use_triton(rows) or top_k & (top_k - 1):
+        return None
+    from osserve.ops.router_gemm_triton import fits_fused_router, fits_router_plan
+
+    t = rows.shape[0]
+    return plan_block_m if fits_fused_router(t, num_experts, top_k) and fits_router_plan(t) else None
+
+
 def route_with_plan(
     x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, top_k: int, counters: torch.Tensor | None,
     plan_block_m: int | None,
@@ -66,11 +77,11 @@ def route_with_plan(
     """route, plus the MoE's routing plan for token tiles of plan_block_m (moe_align.align_tokens'
     result) where the fused router builds it in the same launch (CUDA, one token block: decode);
     otherwise None, and the MoE builds its own. plan_block_m None: no plan wanted."""
-    if plan_block_m is not None and use_triton(x) and top_k & (top_k - 1) == 0:
-        from osserve.ops.router_gemm_triton import fits_fused_router, fits_router_plan, router_plan_triton
+    block_m = _fused_plan_block_m(x, weight.shape[0], top_k, plan_block_m)
+    if block_m is not None:
+        from osserve.ops.router_gemm_triton import router_plan_triton
 
-        if fits_fused_router(x.shape[0], weight.shape[0], top_k) and fits_router_plan(x.shape[0]):
-            return router_plan_triton(x, weight, bias, top_k, counters, plan_block_m)
+        return router_plan_triton(x, weight, bias, top_k, counters, block_m)
     return (*route(x, weight, bias, top_k, counters), None)
 
 
@@ -82,17 +93,12 @@ def add_norm_route_with_plan(
     (x, residual, weights, ids, plan). On CUDA at up to router_gemm_triton.NORM_MAX_TOKENS tokens
     (decode) one kernel does it all; its normed rows may then differ from add_rms_norm's in the
     last bit (the row's sum of squares is reduced by other warps), its residual does not."""
-    num_tokens = residual.shape[0]
-    if plan_block_m is not None and use_triton(residual) and top_k & (top_k - 1) == 0:
-        from osserve.ops.router_gemm_triton import (
-            NormInput,
-            fits_fused_router,
-            fits_router_norm,
-            router_norm_plan_triton,
-        )
+    block_m = _fused_plan_block_m(residual, weight.shape[0], top_k, plan_block_m)
+    if block_m is not None:
+        from osserve.ops.router_gemm_triton import NormInput, fits_router_norm, router_norm_plan_triton
 
-        if fits_fused_router(num_tokens, weight.shape[0], top_k) and fits_router_norm(num_tokens):
+        if fits_router_norm(residual.shape[0]):
             return router_norm_plan_triton(NormInput(a, residual, norm_weight, eps), weight, bias, top_k, counters,
-                                           plan_block_m)
+                                           block_m)
     x, residual = add_rms_norm(a, residual, norm_weight, eps)
     return (x, residual, *route_with_plan(x, weight, bias, top_k, counters, plan_block_m))
