@@ -125,7 +125,7 @@ def moe_bandwidth(name: str) -> dict[str, float]:
 AB_VARIANTS = {"router": ("cublas-router", "fused-router"), "moe": ("token-tiled-moe", "swapped-moe"),
                "async": ("sync-steps", "async-steps"), "kernel": ("baseline-moe-kernel", "current-moe-kernel"),
                "linear": ("cublas-qkv-apart", "fused-qkv-small-m"),
-               "gluon": ("triton-swapped-moe", "gluon-moe")}
+               "gluon": ("triton-swapped-moe", "gluon-moe"), "pdl": ("no-pdl", "pdl")}
 
 
 def set_variant(variant: str, baseline_path: str | None) -> None:
@@ -136,10 +136,12 @@ def set_variant(variant: str, baseline_path: str | None) -> None:
     import osserve.ops.moe_gluon as moe_gluon
     import osserve.ops.moe_swapped as moe_swapped
     import osserve.ops.moe_triton as moe_triton
+    import osserve.ops.pdl as pdl
     import osserve.ops.router_gemm_triton as fused_router
     from benchmarks.bench_moe_decode import load_baseline
 
     fused_router.FUSED_MAX_TOKENS = 0 if variant == "cublas-router" else 128
+    pdl.ENABLED = variant != "no-pdl"
     moe_swapped.MAX_TOKENS = 0 if variant == "token-tiled-moe" else 4096
     linear_triton.MAX_TOKENS = 0 if variant == "cublas-qkv-apart" else 32
     fuse = CURRENT.setdefault("fuse", (GptOssForCausalLM.fuse_qkv,))[0]
@@ -173,7 +175,8 @@ def main() -> None:
                          "small-batch kernel), moe (token-tiled kernel at decode vs the swapped one) or async "
                          "(each step finished before the next is scheduled vs async scheduling) or kernel "
                          "(an older moe_swapped.py, --baseline, vs the current one) or gluon (the Triton swapped "
-                         "kernel vs the Gluon one)")
+                         "kernel vs the Gluon one) or pdl (kernels launched one after the other vs with "
+                         "programmatic dependent launch, ops/pdl.py)")
     ap.add_argument("--baseline", default=None, help="for --ab kernel: the older moe_swapped.py")
     args = ap.parse_args()
     rows, results = [], {}

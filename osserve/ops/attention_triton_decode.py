@@ -25,6 +25,8 @@ import torch
 import triton
 import triton.language as tl
 
+from osserve.ops.pdl import pdl_enter, pdl_launch
+
 LOG2E = 1.4426950408889634
 MIN_PARTITION = 256  # tokens per split at least: below this the merge costs more than it saves
 MAX_SPLITS = 64
@@ -50,14 +52,17 @@ def _decode_kernel(
     BLOCK_SIZE: tl.constexpr,
     HAS_WINDOW: tl.constexpr,
     NUM_SPLITS: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     b = tl.program_id(0)
     kvh = tl.program_id(1)
     s = tl.program_id(2)
+    # The step's inputs (copied in before the step's kernels) may be read before the wait: ops/pdl.py.
     q_row = tl.load(qsl_ptr + b)
     if tl.load(qsl_ptr + b + 1) == q_row:  # no query for this sequence: nothing to write
         return
     seq_len = tl.load(seq_lens_ptr + b)
+    pdl_enter(PDL)
     # The query sits at position seq_len - 1; it sees [lo, seq_len).
     hi = seq_len
     if HAS_WINDOW:
@@ -125,7 +130,7 @@ def _decode_kernel(
 def _merge_kernel(
     o_ptr, sinks_ptr, qsl_ptr, part_acc_ptr, part_m_ptr, part_l_ptr,
     stride_ot, stride_oh,
-    NUM_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, NUM_SPLITS: tl.constexpr,
+    NUM_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, NUM_SPLITS: tl.constexpr, PDL: tl.constexpr,
 ):
     """One program per (sequence, q head): log-sum-exp merge of the splits plus the sink."""
     b = tl.program_id(0)
@@ -133,13 +138,14 @@ def _merge_kernel(
     q_row = tl.load(qsl_ptr + b)
     if tl.load(qsl_ptr + b + 1) == q_row:
         return
+    sink = tl.load(sinks_ptr + h).to(tl.float32) * 1.4426950408889634
+    pdl_enter(PDL)
     offs_s = tl.arange(0, NUM_SPLITS)
     offs_d = tl.arange(0, HEAD_DIM)
     base = (b * NUM_HEADS + h) * NUM_SPLITS
     m = tl.load(part_m_ptr + base + offs_s)  # [S]
     l_s = tl.load(part_l_ptr + base + offs_s)
     acc = tl.load(part_acc_ptr + (base + offs_s)[:, None] * HEAD_DIM + offs_d[None, :])  # [S, D]
-    sink = tl.load(sinks_ptr + h).to(tl.float32) * 1.4426950408889634
     m_all = tl.maximum(tl.max(m, 0), sink)
     w = tl.exp2(m - m_all)  # [S]
     denom = tl.exp2(sink - m_all) + tl.sum(l_s * w, 0)
@@ -180,6 +186,7 @@ def paged_decode_triton(
     if num_splits is None:
         num_splits = choose_num_splits(num_seqs, kv_heads, max_context, q.device)
     assert num_splits & (num_splits - 1) == 0, "num_splits must be a power of two"
+    pdl = pdl_launch(q.device)
     # 128-key tiles: fewest loop trips; measured no slower than 32/64 on the H100 (NOTES).
     block_n = block_n or (16 if interpreting() else 128)
     if num_splits > 1:
@@ -197,10 +204,11 @@ def paged_decode_triton(
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), block_tables.stride(0),
         NUM_HEADS=num_heads, GROUP=group, GROUP_P=max(16, triton.next_power_of_2(group)),
         BLOCK_N=block_n, HEAD_DIM=head_dim, BLOCK_SIZE=block_size, HAS_WINDOW=window is not None,
-        NUM_SPLITS=num_splits, num_warps=4, num_stages=2,
+        NUM_SPLITS=num_splits, PDL=pdl, num_warps=4, num_stages=2, launch_pdl=pdl,
     )
     if num_splits > 1:
         _merge_kernel[(num_seqs, num_heads)](
             out, sinks, query_start_loc, part_acc, part_m, part_l, out.stride(0), out.stride(1),
-            NUM_HEADS=num_heads, HEAD_DIM=head_dim, NUM_SPLITS=num_splits, num_warps=1,
+            NUM_HEADS=num_heads, HEAD_DIM=head_dim, NUM_SPLITS=num_splits, PDL=pdl, num_warps=1,
+            launch_pdl=pdl,
         )

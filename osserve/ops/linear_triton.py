@@ -21,6 +21,8 @@ import torch
 import triton
 import triton.language as tl
 
+from osserve.ops.pdl import pdl_enter, pdl_launch
+
 # Above this cuBLAS's tiled GEMMs win (H100, benchmarks/bench_linear.py: at 64 rows the x tile
 # crowds the pipeline's shared memory and the kernel fell to 1.2 TB/s).
 MAX_TOKENS = 32
@@ -71,8 +73,9 @@ def small_m_dot(w_rows, x_cols, n_ok, m_ok, k_start, k_end, BLOCK_N: tl.constexp
 def _small_m_linear_kernel(
     x_ptr, w_ptr, b_ptr, out_ptr, M, N, K, stride_xm, stride_wn, stride_os, stride_om, k_per_split,
     HAS_BIAS: tl.constexpr, EVEN_K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr,
-    BLOCK_K: tl.constexpr, NUM_STAGES: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    BLOCK_K: tl.constexpr, NUM_STAGES: tl.constexpr, DOT_PRECISION: tl.constexpr, PDL: tl.constexpr,
 ):  # noqa: ANN001
+    pdl_enter(PDL)
     pid = tl.program_id(0)
     split = tl.program_id(1)  # K split: this program's partial sum goes to out[split]
     rn = pid * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -129,6 +132,7 @@ def small_m_linear_triton(
     else:
         out = torch.empty(m, n, dtype=x.dtype, device=x.device)
     block_m = max(16, triton.next_power_of_2(m))
+    pdl = pdl_launch(x.device)
     _small_m_linear_kernel[(triton.cdiv(n, config.block_n), splits)](
         x, weight, bias if bias is not None else weight, out, m, n, k,
         x.stride(0), weight.stride(0), out.stride(0) if splits > 1 else 0, n, k_per_split,
@@ -136,7 +140,7 @@ def small_m_linear_triton(
         BLOCK_M=block_m, BLOCK_K=config.block_k,
         NUM_STAGES=stages_that_fit(config, block_m, x.element_size()),
         # fp32 (CPU tests): no silent TF32; bf16 ignores the setting.
-        DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
-        num_warps=config.num_warps,
+        DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32", PDL=pdl,
+        num_warps=config.num_warps, launch_pdl=pdl,
     )
     return out

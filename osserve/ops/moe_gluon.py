@@ -38,6 +38,7 @@ from osserve.ops.moe_swapped import (
     used_tiles,
 )
 from osserve.ops.moe_triton import UNSCALE, PreparedExperts
+from osserve.ops.pdl import pdl_enter_gluon, pdl_launch
 
 BLOCK_W = 64  # weight rows per program: one warpgroup MMA's M
 NUM_WARPS = 4
@@ -120,11 +121,12 @@ def _gate_up_kernel(
     num_slots, N, K, num_t_blocks, num_splits, k_per_split, limit,
     stride_xm, stride_we, stride_wt, stride_se, stride_st, stride_be, stride_am, stride_ps, stride_pm,
     TOP_K: gl.constexpr, BLOCK_T: gl.constexpr, SPLIT: gl.constexpr, ALPHA: gl.constexpr, UNSCALE: gl.constexpr,
-    STAGES: gl.constexpr, TILES: gl.constexpr,
+    STAGES: gl.constexpr, TILES: gl.constexpr, PDL: gl.constexpr,
 ):
     """w's rows are paired (mxfp4_fragments.pair_eights): a 64-row tile is 32 columns' gate and up.
     A program takes TILES (1 or 2) consecutive tiles: 2 shares each activation step between two
     MMAs, 1 makes twice the programs (batch 1: 360 instead of 180 for 132 SMs)."""
+    pdl_enter_gluon(PDL)
     pid_t, pid_s, pid_w = _program(num_t_blocks, num_splits)
     if pid_t * BLOCK_T >= gl.load(num_padded_ptr):
         return
@@ -139,7 +141,7 @@ def _gate_up_kernel(
     k_start = pid_s * k_per_split
     k_end = gl.minimum(K, k_start + k_per_split)
     acc_a, acc_b = k_loop(w_ptrs, s_ptrs, stride_wt, stride_st, x_ptrs, row_ok[:, None], w_mask, word,
-                           kcol, k_start, k_end, K, BLOCK_T, TILES == 2, STAGES)
+                           kcol, k_start, k_end, K, BLOCK_T, TILES == 2, STAGES, False)
     _gate_up_epilogue(acc_a, tile, expert, pid_s, pid_t, N, limit, b_ptr, act_ptr, part_ptr, sorted_ptr, num_slots,
                       stride_be, stride_am, stride_ps, stride_pm, BLOCK_T, SPLIT, ALPHA, UNSCALE)
     if TILES == 2:
@@ -153,9 +155,11 @@ def _down_kernel(
     sorted_ptr, block_expert_ptr, num_padded_ptr,
     num_slots, N, K, num_t_blocks, num_splits, k_per_split,
     stride_am, stride_we, stride_wt, stride_se, stride_st, stride_be, stride_ys, stride_ym,
-    BLOCK_T: gl.constexpr, UNSCALE: gl.constexpr, STAGES: gl.constexpr,
+    BLOCK_T: gl.constexpr, UNSCALE: gl.constexpr, STAGES: gl.constexpr, PDL: gl.constexpr,
 ):
-
+    """With PDL the wait for the gate/up kernel is in the K loop, after its first weight copies. The
+    routing plan read before it comes from the kernel before gate/up (the router or the plan's own
+    launch), which gate/up waited for before it let this kernel launch (ops/pdl.py)."""
     pid_t, pid_s, pid_w = _program(num_t_blocks, num_splits)
     if pid_t * BLOCK_T >= gl.load(num_padded_ptr):
         return
@@ -168,7 +172,7 @@ def _down_kernel(
     k_start = pid_s * k_per_split
     k_end = gl.minimum(K, k_start + k_per_split)
     acc, _ = k_loop(w_ptrs, s_ptrs, 0, 0, x_ptrs, row_ok[:, None], w_mask, word, kcol, k_start, k_end, K,
-                     BLOCK_T, False, STAGES)
+                     BLOCK_T, False, STAGES, PDL)
 
     acc = gl.convert_layout(acc, OUT_LAYOUT)
     orow, o_ok, prow = _out_rows(pid_w * 64, N, pid_t, 64, BLOCK_T, OUT_LAYOUT)
@@ -259,13 +263,14 @@ def fused_moe_gluon(
     w_blocks1 = triton.cdiv(2 * inter, gate_up_tiles * BLOCK_W)
     splits1, per_split1 = split_k(used_t_blocks * w_blocks1, hidden, int(BLOCK_K), min_programs)
     part = torch.empty(splits1, rows, 2 * inter, dtype=torch.float32, device=x.device) if splits1 > 1 else act
+    pdl = pdl_launch(x.device)
     _gate_up_kernel[(tb * splits1 * w_blocks1,)](
         x, w1, s1, b1, act, part, plan.sorted_slots, plan.block_expert, plan.num_padded,
         num_slots, inter, hidden, tb, splits1, per_split1, float(swiglu_limit),
         x.stride(0), w1.stride(0), w1.stride(1), s1.stride(0), s1.stride(1), b1.stride(0), act.stride(0),
         part.stride(0), part.stride(1),
         TOP_K=top_k, BLOCK_T=bt, SPLIT=splits1 > 1, ALPHA=SWIGLU_ALPHA, UNSCALE=UNSCALE, STAGES=stages,
-        TILES=gate_up_tiles, num_warps=NUM_WARPS,
+        TILES=gate_up_tiles, PDL=pdl, num_warps=NUM_WARPS, launch_pdl=pdl,
     )
     if splits1 > 1:
         _swiglu_splits_kernel[(tb, triton.cdiv(inter, SWIGLU_BLOCK_N))](
@@ -280,7 +285,7 @@ def fused_moe_gluon(
         act, w2, s2, b2, y, topk_w, plan.sorted_slots, plan.block_expert, plan.num_padded,
         num_slots, hidden, inter, tb, splits2, per_split2,
         act.stride(0), w2.stride(0), w2.stride(1), s2.stride(0), s2.stride(1), b2.stride(0), y.stride(0),
-        y.stride(1), BLOCK_T=bt, UNSCALE=UNSCALE, STAGES=stages, num_warps=NUM_WARPS,
+        y.stride(1), BLOCK_T=bt, UNSCALE=UNSCALE, STAGES=stages, PDL=pdl, num_warps=NUM_WARPS, launch_pdl=pdl,
     )
     return expert_rows(y, num_tokens, top_k, x.dtype, reduce)
 

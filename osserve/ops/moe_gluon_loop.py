@@ -19,6 +19,7 @@ from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared,
 
 from osserve.ops.mxfp4_fragments import DEQUANT_PTX as _PTX
 from osserve.ops.mxfp4_fragments import ROW_TILE, STEP_SCALES, STEP_WORDS
+from osserve.ops.pdl import pdl_enter_gluon
 
 DEQUANT_PTX = gl.constexpr(_PTX)
 BLOCK_K = gl.constexpr(128)  # K per step
@@ -62,11 +63,12 @@ RING_LAYOUT = gl.constexpr(gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
 
 
 @gluon.jit
-def _issue_step(wa_ring, wb_ring, sa_ring, sb_ring, x_ring, slot, wa_ptrs, sa_ptrs, b_off_w, b_off_s, x_ptrs, x_ok,
-                w_mask, word, kcol, k0, k_end, K, TWO: gl.constexpr):
-    """Start the copies of the K step at k0 into ring slot `slot` (masked off past k_end). K's 64-column
-    tail step holds 8 words per row (word 4q + 2 b2 + jw of a full step is word 2q + jw there): it is
-    copied word by word into the full-step places, b2 = 1 zero-filled, so its consumer is the same."""
+def _issue_weights(wa_ring, wb_ring, sa_ring, sb_ring, slot, wa_ptrs, sa_ptrs, b_off_w, b_off_s, w_mask, word, k0,
+                   k_end, K, TWO: gl.constexpr):
+    """Start the copies of the weights and scales of the K step at k0 into ring slot `slot` (masked off
+    past k_end). K's 64-column tail step holds 8 words per row (word 4q + 2 b2 + jw of a full step is
+    word 2q + jw there): it is copied word by word into the full-step places, b2 = 1 zero-filled, so
+    its consumer is the same."""
     step = k0 // 128
     live = k0 < k_end
     s_mask = w_mask & live
@@ -86,6 +88,11 @@ def _issue_step(wa_ring, wb_ring, sa_ring, sb_ring, x_ring, slot, wa_ptrs, sa_pt
         async_copy.async_copy_global_to_shared(wa_ring.index(slot), wa_ptrs + tail_off, mask=t_mask)
         if TWO:
             async_copy.async_copy_global_to_shared(wb_ring.index(slot), wa_ptrs + b_off_w + tail_off, mask=t_mask)
+
+
+@gluon.jit
+def _issue_x(x_ring, slot, x_ptrs, x_ok, kcol, k0, k_end):
+    """Start the copy of the activations of the K step at k0 into ring slot `slot`."""
     async_copy.async_copy_global_to_shared(x_ring.index(slot), x_ptrs + k0, mask=x_ok & (kcol < k_end - k0)[None, :])
 
 
@@ -98,13 +105,16 @@ def _ring_scales(s_ring, slot):
 
 @gluon.jit
 def k_loop(wa_ptrs, sa_ptrs, b_off_w, b_off_s, x_ptrs, x_ok, w_mask, word, kcol, k_start, k_end, K,
-            BLOCK_T: gl.constexpr, TWO: gl.constexpr, STAGES: gl.constexpr):
+            BLOCK_T: gl.constexpr, TWO: gl.constexpr, STAGES: gl.constexpr, PDL: gl.constexpr):
     """The K loop over [k_start, k_end) of one or two weight matrices (the second at b_off_w words /
     b_off_s scale bytes from the first) against the [BLOCK_T, K] activation rows at x_ptrs. Each
     step's weights, scales and activations are copied (cp.async) into a STAGES-deep shared-memory
     ring, STAGES - 1 steps ahead of their use; the weights go from there into registers, are
     dequantised and multiplied by one async MMA per matrix, the second matrix's dequantisation
     overlapping the first's MMA. Returns the [64, BLOCK_T] float32 accumulators in the MMA layout.
+    PDL: the loop holds the kernel's wait for its predecessor (ops/pdl.py), after the first STAGES - 1
+    steps' weights and before their activations: the weights' first round trip overlaps the
+    predecessor's end.
 
     (Keeping a step's last MMA in flight into the next step made ptxas serialise every wgmma: C7515,
     the loop-carried accumulator is copied while the MMA runs.)"""
@@ -122,9 +132,16 @@ def k_loop(wa_ptrs, sa_ptrs, b_off_w, b_off_s, x_ptrs, x_ok, w_mask, word, kcol,
     acc_b = gl.zeros([64, BLOCK_T], gl.float32, MMA)
 
     for i in gl.static_range(STAGES - 1):
-        _issue_step(wa_ring, wb_ring, sa_ring, sb_ring, x_ring, i, wa_ptrs, sa_ptrs, b_off_w, b_off_s, x_ptrs, x_ok,
-                    w_mask, word, kcol, k_start + i * BLOCK_K, k_end, K, TWO)
-        async_copy.commit_group()
+        _issue_weights(wa_ring, wb_ring, sa_ring, sb_ring, i, wa_ptrs, sa_ptrs, b_off_w, b_off_s, w_mask, word,
+                       k_start + i * BLOCK_K, k_end, K, TWO)
+        if not PDL:
+            _issue_x(x_ring, i, x_ptrs, x_ok, kcol, k_start + i * BLOCK_K, k_end)
+            async_copy.commit_group()
+    if PDL:
+        pdl_enter_gluon(True)
+        for i in gl.static_range(STAGES - 1):  # the first group also holds all of the weights above
+            _issue_x(x_ring, i, x_ptrs, x_ok, kcol, k_start + i * BLOCK_K, k_end)
+            async_copy.commit_group()
     num_steps = gl.cdiv(k_end - k_start, BLOCK_K)
     for j in range(num_steps):
         slot = j % STAGES
@@ -132,8 +149,9 @@ def k_loop(wa_ptrs, sa_ptrs, b_off_w, b_off_s, x_ptrs, x_ok, w_mask, word, kcol,
         fence_async_shared()  # ... and visible to the MMA (async proxy)
         gl.thread_barrier()  # ... everyone's; and every warp is past the MMA that read the slot refilled next
         nxt = j + STAGES - 1
-        _issue_step(wa_ring, wb_ring, sa_ring, sb_ring, x_ring, nxt % STAGES, wa_ptrs, sa_ptrs, b_off_w, b_off_s,
-                    x_ptrs, x_ok, w_mask, word, kcol, k_start + nxt * BLOCK_K, k_end, K, TWO)
+        _issue_weights(wa_ring, wb_ring, sa_ring, sb_ring, nxt % STAGES, wa_ptrs, sa_ptrs, b_off_w, b_off_s, w_mask,
+                       word, k_start + nxt * BLOCK_K, k_end, K, TWO)
+        _issue_x(x_ring, nxt % STAGES, x_ptrs, x_ok, kcol, k_start + nxt * BLOCK_K, k_end)
         async_copy.commit_group()
         xs = x_ring.index(slot).permute((1, 0))
         a = _dequant(wa_ring.index(slot).load(WORD_LAYOUT), _ring_scales(sa_ring, slot), A_LAYOUT)

@@ -15,6 +15,8 @@ import torch
 import triton
 import triton.language as tl
 
+from osserve.ops.pdl import pdl_enter, pdl_launch
+
 
 @triton.jit
 def add_parts(x_ptr, res_ptr, x_offs, res_offs, mask, stride_xs, stride_xj, PARTS_S: tl.constexpr,
@@ -44,10 +46,12 @@ def row_rstd(x, H, eps):  # noqa: ANN001, ANN201
 def _add_rms_norm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, sum_ptr, H: tl.constexpr, eps,
                          stride_xs, stride_xt, stride_xj,
                          HAS_RES: tl.constexpr, PARTS_S: tl.constexpr, PARTS_J: tl.constexpr,
-                         BLOCK: tl.constexpr):  # noqa: ANN001
+                         BLOCK: tl.constexpr, PDL: tl.constexpr):  # noqa: ANN001
     row = tl.program_id(0).to(tl.int64)  # int64 offsets: free here, and safe for any T·H
     cols = tl.arange(0, BLOCK)
     mask = cols < H
+    w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)  # a weight: before the wait (ops/pdl.py)
+    pdl_enter(PDL)
     if HAS_RES:
         x = add_parts(x_ptr, res_ptr, row * stride_xt + cols, row * H + cols, mask, stride_xs, stride_xj,
                       PARTS_S, PARTS_J, sum_ptr.dtype.element_ty)
@@ -57,7 +61,6 @@ def _add_rms_norm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, sum_ptr, H: tl.constexp
         x = x.to(tl.float32)
     else:
         x = tl.load(x_ptr + row * stride_xt + cols, mask=mask, other=0.0).to(tl.float32)
-    w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
     y = w * (x * row_rstd(x, H, eps))  # weight applied in fp32, one rounding at the end
     tl.store(out_ptr + row * H + cols, y.to(out_ptr.dtype.element_ty), mask=mask)
 
@@ -93,12 +96,13 @@ def add_rms_norm_triton(
         residual = residual.contiguous()
         summed = torch.empty_like(out)
     strides = x.stride() if x.dim() == 4 else (0, x.stride(0), 0)
+    pdl = pdl_launch(x.device)
     if t:
         _add_rms_norm_kernel[(t,)](x, residual if residual is not None else x, weight, out, summed,
                                    h, eps, strides[0], strides[1], strides[2],
                                    HAS_RES=residual is not None, PARTS_S=parts_s, PARTS_J=parts_j,
-                                   BLOCK=triton.next_power_of_2(h),
-                                   num_warps=num_warps or default_warps(h, parts_s * parts_j))
+                                   BLOCK=triton.next_power_of_2(h), PDL=pdl,
+                                   num_warps=num_warps or default_warps(h, parts_s * parts_j), launch_pdl=pdl)
     return out, summed
 
 

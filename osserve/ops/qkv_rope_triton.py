@@ -22,6 +22,7 @@ import triton
 import triton.language as tl
 
 from osserve.ops.linear_triton import DEFAULT_CONFIG, MAX_TOKENS, small_m_dot, stages_that_fit
+from osserve.ops.pdl import pdl_enter, pdl_launch
 
 
 @triton.jit
@@ -31,7 +32,9 @@ def _qkv_rope_cache_kernel(
     skc_b, skc_o, skc_h, svc_b, svc_o, svc_h, block_size, table_stride,
     NUM_Q: tl.constexpr, NUM_KV: tl.constexpr, HALF: tl.constexpr, EVEN_K: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, NUM_STAGES: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    PDL: tl.constexpr,
 ):  # noqa: ANN001
+    pdl_enter(PDL)
     head = tl.program_id(0)  # q heads, then k heads, then v heads: the fused weight's row order
     rh = tl.arange(0, HALF)
     rm = tl.arange(0, BLOCK_M)
@@ -99,6 +102,7 @@ def qkv_rope_cache_triton(
     q = torch.empty(t, num_heads, head_dim, dtype=x.dtype, device=x.device)
     config = DEFAULT_CONFIG
     block_m = max(16, triton.next_power_of_2(t))
+    pdl = pdl_launch(x.device)
     _qkv_rope_cache_kernel[(num_heads + 2 * num_kv_heads,)](
         x, weight, bias, q, k_cache, v_cache, cos, sin, positions, slot_mapping,
         t, hidden, x.stride(0), weight.stride(0), q.stride(0), q.stride(1),
@@ -107,7 +111,7 @@ def qkv_rope_cache_triton(
         NUM_Q=num_heads, NUM_KV=num_kv_heads, HALF=head_dim // 2, EVEN_K=hidden % config.block_k == 0,
         BLOCK_M=block_m, BLOCK_K=config.block_k, NUM_STAGES=stages_that_fit(config, block_m, x.element_size()),
         # fp32 (CPU tests): no silent TF32; bf16 ignores the setting.
-        DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
-        num_warps=config.num_warps,
+        DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32", PDL=pdl,
+        num_warps=config.num_warps, launch_pdl=pdl,
     )
     return q

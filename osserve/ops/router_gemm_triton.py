@@ -38,6 +38,7 @@ import triton.language as tl
 
 from osserve.ops.moe_align import PlanShape, RoutingPlan, build_plan, empty_plan
 from osserve.ops.norm_triton import add_parts, row_rstd
+from osserve.ops.pdl import pdl_enter, pdl_launch
 from osserve.ops.router import FUSED_MAX_TOKENS, router_counters
 from osserve.ops.router_triton import topk_softmax_rows
 
@@ -70,7 +71,9 @@ def _router_gemm_topk_kernel(
     BLOCK_H: tl.constexpr, SPLITS: tl.constexpr, DOT_PRECISION: tl.constexpr,
     PLAN: tl.constexpr, PLAN_BLOCK_M: tl.constexpr, E_P2: tl.constexpr, CHUNK: tl.constexpr,
     NORM: tl.constexpr, NORM_ROWS: tl.constexpr, PARTS: tl.constexpr, BLOCK_ROW: tl.constexpr,
+    PDL: tl.constexpr,
 ):  # noqa: ANN001
+    pdl_enter(PDL)
     pid_t = tl.program_id(0)
     pid_s = tl.program_id(1)
     rows = pid_t * BLOCK_T + tl.arange(0, BLOCK_T)
@@ -260,6 +263,7 @@ def _launch(
         a = norm.a
         strides = (a.stride(0), a.stride(1)) if a.dim() == 4 else (0, a.stride(0))
         norm_args = (a, norm.residual, norm.weight, summed, norm.eps, *strides)
+    pdl = pdl_launch(x.device)
     _router_gemm_topk_kernel[(token_blocks, split)](
         x, weight, bias, partials, counters, weights, ids, *plan_args,
         t, h, x.stride(0), weight.stride(0), h_per_split, part_rows, *norm_args,
@@ -270,7 +274,7 @@ def _launch(
         E_P2=plan_shape.e_p2 if plan_shape else 1, CHUNK=plan_shape.chunk if plan_shape else 1,
         NORM=norm is not None, NORM_ROWS=triton.next_power_of_2(t) if norm is not None else 1,
         PARTS=norm.a.shape[0] if norm is not None and norm.a.dim() == 4 else 1,
-        BLOCK_ROW=triton.next_power_of_2(h) if norm is not None else 16,
-        num_warps=4,
+        BLOCK_ROW=triton.next_power_of_2(h) if norm is not None else 16, PDL=pdl,
+        num_warps=4, launch_pdl=pdl,
     )
     return weights, ids, plan

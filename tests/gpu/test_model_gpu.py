@@ -179,3 +179,33 @@ def test_warm_up_compiles_what_the_first_requests_need(tiny_checkpoint: Path) ->
                           text=True, timeout=600, cwd=Path(__file__).parents[2])
     assert done.returncode == 0, done.stderr[-3000:]
     assert "compiled after warm-up: []" in done.stdout, done.stdout[-2000:]
+
+
+@pytest.mark.parametrize("preset", ["tiny", "20b"])
+def test_programmatic_dependent_launch_changes_no_bit(preset: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Programmatic dependent launch (ops/pdl.py) changes only when kernels start: the logits of a
+    greedy batch (prefill, then decode steps replayed from CUDA graphs) are bit for bit those of the
+    same engine launching its kernels one after the other. A kernel that read its predecessor's
+    output before the wait would read the previous layer's or step's values, and differ here."""
+    from osserve.ops import pdl
+
+    g = torch.Generator().manual_seed(2)
+    prompts = [torch.randint(0, 199_000, (n,), generator=g).tolist() for n in (5, 300, 64)]
+
+    def run(enabled: bool) -> tuple[list[list[int]], torch.Tensor]:
+        monkeypatch.setattr(pdl, "ENABLED", enabled)
+        engine = build_engine(EngineArgs(load_format="dummy", preset=preset, max_model_len=4096, max_num_seqs=8,
+                                         kv_cache_gb=1))
+        assert pdl.pdl_launch(torch.device("cuda")) == enabled
+        model = engine.runner.model
+        recorded: list[torch.Tensor] = []
+        original = model.compute_logits
+        model.compute_logits = lambda h: recorded.append(original(h)) or recorded[-1]  # type: ignore[method-assign]
+        tokens = greedy(engine, prompts, 24)
+        del engine
+        return tokens, torch.cat(recorded)
+
+    tokens, logits = run(True)
+    tokens_without, logits_without = run(False)
+    assert tokens == tokens_without
+    assert torch.equal(logits, logits_without)

@@ -1,0 +1,65 @@
+"""Programmatic dependent launch (PDL): a decode layer's kernels overlap their neighbours' edges.
+
+A decode step at batch 1 is ~200 short kernels, each waiting for the one before it. Normally a
+kernel's programs are placed on the SMs only once its predecessor has finished and flushed its
+writes. Launched with PDL (Hopper and later), a kernel's grid is placed as soon as every program
+of its predecessor has called `griddepcontrol.launch_dependents`; its programs then run up to
+`griddepcontrol.wait`, which returns once the predecessor has completed and its writes are
+visible. Work that reads nothing the predecessor writes (the step's own inputs, the weights) may
+go before the wait.
+
+The rule every kernel here follows, so that the guarantee is transitive along the chain:
+wait first, then let the dependents launch (`pdl_enter`). A kernel launched with PDL that never
+waited could run beside its predecessor; one that let its dependents launch before waiting would
+let them run beside its own predecessor. A kernel that reads only the step's inputs (the inputs
+are copied before the CUDA graph starts) or constant weights before its wait is safe, because its
+predecessor could only trigger it after waiting itself.
+
+Kernels without PDL (PyTorch's, cuBLAS's) keep the usual full ordering on both sides.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+
+import torch
+import triton
+import triton.language as tl
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+
+# The switch benchmarks flip to compare with and without (bench_decode.py --ab pdl); the kernels
+# read it at launch through `pdl_launch`.
+ENABLED = True
+
+
+@functools.lru_cache(maxsize=8)
+def _hopper_or_later(device_index: int) -> bool:
+    return torch.cuda.get_device_capability(device_index)[0] >= 9
+
+
+def pdl_launch(device: torch.device) -> bool:
+    """Whether kernels on `device` launch with PDL: CUDA on Hopper or later, compiled (the
+    interpreter has no grid dependencies), and not switched off."""
+    if not ENABLED or device.type != "cuda" or os.environ.get("TRITON_INTERPRET", "0") == "1":
+        return False
+    return _hopper_or_later(device.index if device.index is not None else torch.cuda.current_device())
+
+
+@triton.jit
+def pdl_enter(PDL: tl.constexpr):  # noqa: ANN201
+    """Wait for the predecessor's writes, then let the successor's grid launch (module docstring)."""
+    if PDL:
+        tl.inline_asm_elementwise("griddepcontrol.wait; // $0", "=r", [], dtype=tl.int32, is_pure=False, pack=1)
+        tl.inline_asm_elementwise("griddepcontrol.launch_dependents; // $0", "=r", [], dtype=tl.int32,
+                                  is_pure=False, pack=1)
+
+
+@gluon.jit
+def pdl_enter_gluon(PDL: gl.constexpr):  # noqa: ANN201
+    """pdl_enter for the Gluon kernels."""
+    if PDL:
+        gl.inline_asm_elementwise("griddepcontrol.wait; // $0", "=r", [], dtype=gl.int32, is_pure=False, pack=1)
+        gl.inline_asm_elementwise("griddepcontrol.launch_dependents; // $0", "=r", [], dtype=gl.int32,
+                                  is_pure=False, pack=1)
