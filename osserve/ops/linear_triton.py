@@ -21,7 +21,7 @@ import torch
 import triton
 import triton.language as tl
 
-from osserve.ops.pdl import pdl_enter, pdl_launch
+from osserve.ops.pdl import pdl_enter, pdl_launch, prefetch_before_wait, prefetch_l2
 
 # Above this cuBLAS's tiled GEMMs win (H100, benchmarks/bench_linear.py: at 64 rows the x tile
 # crowds the pipeline's shared memory and the kernel fell to 1.2 TB/s).
@@ -40,6 +40,27 @@ class LinearConfig:
 # of each shape's best at 1 and 32 rows for the fused qkv [5120, 2880] and o [2880, 4096] weights.
 DEFAULT_CONFIG = LinearConfig(block_n=64, block_k=128, num_warps=4, num_stages=5)
 SHARED_MEMORY_BUDGET = 200_000  # bytes of pipelined tiles; an H100 SM has 227 KB
+# With PDL (ops/pdl.py) a program asks L2 for the first lines of its weight rows before it waits
+# for the kernel before it: 8 lines of 128 bytes, the first 4 K steps of a bf16 row. Only where the
+# grid is at most PREFETCH_WAVES programs per SM: the programs of later waves start after the wait.
+PREFETCH_LINES = 8
+PREFETCH_WAVES = 2
+
+
+def prefetch_lines(programs: int, device: torch.device) -> int:
+    """PREFETCH_LINES where a grid of `programs` is placed at once (before its predecessor ends) and
+    prefetching is on (ops/pdl.py), else 0."""
+    sms = torch.cuda.get_device_properties(device).multi_processor_count
+    return PREFETCH_LINES if programs <= PREFETCH_WAVES * sms and prefetch_before_wait() else 0
+
+
+@triton.jit
+def prefetch_rows(w_rows, w_ptr, n_ok, k_start, k_end, LINES: tl.constexpr):  # noqa: ANN001, ANN201
+    """The first LINES 128-byte lines of each weight row from k_start (ops/pdl.prefetch_l2)."""
+    if LINES > 0:
+        k = k_start + tl.arange(0, LINES) * (128 // (w_ptr.dtype.element_ty.primitive_bitwidth // 8))
+        ok = n_ok[:, None] & (k < k_end)[None, :]
+        prefetch_l2(tl.where(ok, w_rows + k[None, :], w_ptr))
 
 
 def stages_that_fit(config: LinearConfig, block_m: int, itemsize: int) -> int:
@@ -74,8 +95,8 @@ def _small_m_linear_kernel(
     x_ptr, w_ptr, b_ptr, out_ptr, M, N, K, stride_xm, stride_wn, stride_os, stride_om, k_per_split,
     HAS_BIAS: tl.constexpr, EVEN_K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr,
     BLOCK_K: tl.constexpr, NUM_STAGES: tl.constexpr, DOT_PRECISION: tl.constexpr, PDL: tl.constexpr,
+    PREFETCH: tl.constexpr,
 ):  # noqa: ANN001
-    pdl_enter(PDL)
     pid = tl.program_id(0)
     split = tl.program_id(1)  # K split: this program's partial sum goes to out[split]
     rn = pid * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -86,6 +107,8 @@ def _small_m_linear_kernel(
     x_cols = x_ptr + rm[None, :] * stride_xm
     k_start = split * k_per_split
     k_end = tl.minimum(k_start + k_per_split, K)
+    prefetch_rows(w_rows, w_ptr, n_ok, k_start, k_end, PREFETCH)  # a weight: before the wait (ops/pdl.py)
+    pdl_enter(PDL)
     acc = small_m_dot(w_rows, x_cols, n_ok, m_ok, k_start, k_end, BLOCK_N, BLOCK_M, BLOCK_K, EVEN_K,
                       NUM_STAGES, DOT_PRECISION)
     if HAS_BIAS:
@@ -133,7 +156,8 @@ def small_m_linear_triton(
         out = torch.empty(m, n, dtype=x.dtype, device=x.device)
     block_m = max(16, triton.next_power_of_2(m))
     pdl = pdl_launch(x.device)
-    _small_m_linear_kernel[(triton.cdiv(n, config.block_n), splits)](
+    grid = (triton.cdiv(n, config.block_n), splits)
+    _small_m_linear_kernel[grid](
         x, weight, bias if bias is not None else weight, out, m, n, k,
         x.stride(0), weight.stride(0), out.stride(0) if splits > 1 else 0, n, k_per_split,
         HAS_BIAS=bias is not None, EVEN_K=k % config.block_k == 0, BLOCK_N=config.block_n,
@@ -141,6 +165,7 @@ def small_m_linear_triton(
         NUM_STAGES=stages_that_fit(config, block_m, x.element_size()),
         # fp32 (CPU tests): no silent TF32; bf16 ignores the setting.
         DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32", PDL=pdl,
+        PREFETCH=prefetch_lines(grid[0] * grid[1], x.device) if pdl else 0,
         num_warps=config.num_warps, launch_pdl=pdl,
     )
     return out

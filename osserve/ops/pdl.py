@@ -6,7 +6,8 @@ writes. Launched with PDL (Hopper and later), a kernel's grid is placed as soon 
 of its predecessor has called `griddepcontrol.launch_dependents`; its programs then run up to
 `griddepcontrol.wait`, which returns once the predecessor has completed and its writes are
 visible. Work that reads nothing the predecessor writes (the step's own inputs, the weights) may
-go before the wait.
+go before the wait, and so may L2 prefetches (`prefetch_l2`: hints, which never change a result)
+of what the kernel reads after it.
 
 The rule every kernel here follows, so that the guarantee is transitive along the chain:
 wait first, then let the dependents launch (`pdl_enter`). A kernel launched with PDL that never
@@ -29,9 +30,10 @@ import triton.language as tl
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 
-# The switch benchmarks flip to compare with and without (bench_decode.py --ab pdl); the kernels
-# read it at launch through `pdl_launch`.
+# The switches benchmarks flip to compare with and without (bench_decode.py --ab pdl, --ab
+# prefetch); the kernels read them at launch (`pdl_launch`, `prefetch_before_wait`).
 ENABLED = True
+PREFETCH = True  # with PDL, kernels ask L2 for some of what they read after the wait (prefetch_l2)
 
 
 @functools.lru_cache(maxsize=8)
@@ -45,6 +47,11 @@ def pdl_launch(device: torch.device) -> bool:
     if not ENABLED or device.type != "cuda" or os.environ.get("TRITON_INTERPRET", "0") == "1":
         return False
     return _hopper_or_later(device.index if device.index is not None else torch.cuda.current_device())
+
+
+def prefetch_before_wait() -> bool:
+    """Whether kernels launched with PDL prefetch into L2 before their wait (PREFETCH)."""
+    return PREFETCH
 
 
 @triton.jit
@@ -63,3 +70,11 @@ def pdl_enter_gluon(PDL: gl.constexpr):  # noqa: ANN201
         gl.inline_asm_elementwise("griddepcontrol.wait; // $0", "=r", [], dtype=gl.int32, is_pure=False, pack=1)
         gl.inline_asm_elementwise("griddepcontrol.launch_dependents; // $0", "=r", [], dtype=gl.int32,
                                   is_pure=False, pack=1)
+
+
+@triton.jit
+def prefetch_l2(ptrs):  # noqa: ANN001, ANN201
+    """Ask L2 for the 128-byte lines holding `ptrs` (addresses the kernel reads later): a hint
+    with no result, for the work before the wait."""
+    tl.inline_asm_elementwise("prefetch.global.L2 [$1]; // $0", "=r,l", [ptrs.to(tl.int64)], dtype=tl.int32,
+                              is_pure=False, pack=1)

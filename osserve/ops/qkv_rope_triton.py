@@ -21,7 +21,14 @@ import torch
 import triton
 import triton.language as tl
 
-from osserve.ops.linear_triton import DEFAULT_CONFIG, MAX_TOKENS, small_m_dot, stages_that_fit
+from osserve.ops.linear_triton import (
+    DEFAULT_CONFIG,
+    MAX_TOKENS,
+    prefetch_lines,
+    prefetch_rows,
+    small_m_dot,
+    stages_that_fit,
+)
 from osserve.ops.pdl import pdl_enter, pdl_launch
 
 
@@ -32,15 +39,16 @@ def _qkv_rope_cache_kernel(
     skc_b, skc_o, skc_h, svc_b, svc_o, svc_h, block_size, table_stride,
     NUM_Q: tl.constexpr, NUM_KV: tl.constexpr, HALF: tl.constexpr, EVEN_K: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, NUM_STAGES: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    PDL: tl.constexpr,
+    PDL: tl.constexpr, PREFETCH: tl.constexpr,
 ):  # noqa: ANN001
-    pdl_enter(PDL)
     head = tl.program_id(0)  # q heads, then k heads, then v heads: the fused weight's row order
     rh = tl.arange(0, HALF)
     rm = tl.arange(0, BLOCK_M)
     m_ok = rm < M
     rows = head * 2 * HALF + tl.arange(0, 2 * HALF)
     w_rows = w_ptr + rows.to(tl.int64)[:, None] * stride_wn
+    prefetch_rows(w_rows, w_ptr, rows >= 0, 0, K, PREFETCH)  # a weight: before the wait (ops/pdl.py)
+    pdl_enter(PDL)
     x_cols = x_ptr + rm[None, :] * stride_xm
     acc = small_m_dot(w_rows, x_cols, rows >= 0, m_ok, 0, K, 2 * HALF, BLOCK_M, BLOCK_K, EVEN_K, NUM_STAGES,
                       DOT_PRECISION)  # every row of a head is real
@@ -103,7 +111,8 @@ def qkv_rope_cache_triton(
     config = DEFAULT_CONFIG
     block_m = max(16, triton.next_power_of_2(t))
     pdl = pdl_launch(x.device)
-    _qkv_rope_cache_kernel[(num_heads + 2 * num_kv_heads,)](
+    programs = num_heads + 2 * num_kv_heads
+    _qkv_rope_cache_kernel[(programs,)](
         x, weight, bias, q, k_cache, v_cache, cos, sin, positions, slot_mapping,
         t, hidden, x.stride(0), weight.stride(0), q.stride(0), q.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
@@ -112,6 +121,7 @@ def qkv_rope_cache_triton(
         BLOCK_M=block_m, BLOCK_K=config.block_k, NUM_STAGES=stages_that_fit(config, block_m, x.element_size()),
         # fp32 (CPU tests): no silent TF32; bf16 ignores the setting.
         DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32", PDL=pdl,
+        PREFETCH=prefetch_lines(programs, x.device) if pdl else 0,
         num_warps=config.num_warps, launch_pdl=pdl,
     )
     return q

@@ -38,7 +38,7 @@ import triton.language as tl
 
 from osserve.ops.moe_align import PlanShape, RoutingPlan, build_plan, empty_plan
 from osserve.ops.norm_triton import add_parts, row_rstd
-from osserve.ops.pdl import pdl_enter, pdl_launch
+from osserve.ops.pdl import pdl_enter, pdl_launch, prefetch_before_wait, prefetch_l2
 from osserve.ops.router import FUSED_MAX_TOKENS, router_counters
 from osserve.ops.router_triton import topk_softmax_rows
 
@@ -71,9 +71,8 @@ def _router_gemm_topk_kernel(
     BLOCK_H: tl.constexpr, SPLITS: tl.constexpr, DOT_PRECISION: tl.constexpr,
     PLAN: tl.constexpr, PLAN_BLOCK_M: tl.constexpr, E_P2: tl.constexpr, CHUNK: tl.constexpr,
     NORM: tl.constexpr, NORM_ROWS: tl.constexpr, PARTS: tl.constexpr, BLOCK_ROW: tl.constexpr,
-    PDL: tl.constexpr,
+    PDL: tl.constexpr, PREFETCH_LINES: tl.constexpr,
 ):  # noqa: ANN001
-    pdl_enter(PDL)
     pid_t = tl.program_id(0)
     pid_s = tl.program_id(1)
     rows = pid_t * BLOCK_T + tl.arange(0, BLOCK_T)
@@ -82,6 +81,13 @@ def _router_gemm_topk_kernel(
     col_ok = cols < E
     x_rows = x_ptr + rows.to(tl.int64)[:, None] * stride_xt
     w_cols = w_ptr + cols.to(tl.int64)[None, :] * stride_we
+    h_start = pid_s * h_per_split
+    h_end = tl.minimum(h_start + h_per_split, hidden)
+    if PREFETCH_LINES > 0:  # this program's weight slice into L2 while the kernel before ends (ops/pdl.py)
+        pf_col = h_start + tl.arange(0, PREFETCH_LINES) * (128 // (w_ptr.dtype.element_ty.primitive_bitwidth // 8))
+        pf_ok = col_ok[None, :] & (pf_col < h_end)[:, None]
+        prefetch_l2(tl.where(pf_ok, w_cols + pf_col[:, None], w_ptr))
+    pdl_enter(PDL)
     dtype = x_ptr.dtype.element_ty
     if NORM:  # each token's 1 / RMS over its whole row (one program per token block: pid_t = 0)
         rstd = tl.zeros([BLOCK_T], dtype=tl.float32)
@@ -93,8 +99,6 @@ def _router_gemm_topk_kernel(
                 rstd = tl.where(rows == r, row_rstd(whole_row, hidden, eps), rstd)
 
     acc = tl.zeros([BLOCK_T, BLOCK_E], dtype=tl.float32)
-    h_start = pid_s * h_per_split
-    h_end = tl.minimum(h_start + h_per_split, hidden)
     for h in range(h_start, h_end, BLOCK_H):
         hs = h + tl.arange(0, BLOCK_H)
         h_ok = hs < h_end
@@ -275,6 +279,8 @@ def _launch(
         NORM=norm is not None, NORM_ROWS=triton.next_power_of_2(t) if norm is not None else 1,
         PARTS=norm.a.shape[0] if norm is not None and norm.a.dim() == 4 else 1,
         BLOCK_ROW=triton.next_power_of_2(h) if norm is not None else 16, PDL=pdl,
+        PREFETCH_LINES=triton.next_power_of_2(triton.cdiv(h_per_split * weight.element_size(), 128))
+        if pdl and prefetch_before_wait() else 0,
         num_warps=4, launch_pdl=pdl,
     )
     return weights, ids, plan
