@@ -65,7 +65,7 @@ def pdl_enter(PDL: tl.constexpr):  # noqa: ANN201
 
 @gluon.jit
 def pdl_enter_gluon(PDL: gl.constexpr):  # noqa: ANN201
-    """pdl_enter for the Gluon kernels."""
+    """pdl_enter for the Gluon kernels (a Gluon kernel cannot call a triton.jit function)."""
     if PDL:
         gl.inline_asm_elementwise("griddepcontrol.wait; // $0", "=r", [], dtype=gl.int32, is_pure=False, pack=1)
         gl.inline_asm_elementwise("griddepcontrol.launch_dependents; // $0", "=r", [], dtype=gl.int32,
