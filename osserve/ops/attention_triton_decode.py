@@ -196,7 +196,6 @@ def paged_decode_triton(
         num_splits = choose_num_splits(num_seqs, kv_heads, max_context, q.device)
     assert num_splits & (num_splits - 1) == 0, "num_splits must be a power of two"
     pdl = pdl_launch(q.device)
-    prefetch = pdl and prefetch_before_wait()
     # 128-key tiles: fewest loop trips; measured no slower than 32/64 on the H100 (NOTES).
     block_n = block_n or (16 if interpreting() else 128)
     if num_splits > 1:
@@ -214,7 +213,8 @@ def paged_decode_triton(
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), block_tables.stride(0),
         NUM_HEADS=num_heads, GROUP=group, GROUP_P=max(16, triton.next_power_of_2(group)),
         BLOCK_N=block_n, HEAD_DIM=head_dim, BLOCK_SIZE=block_size, HAS_WINDOW=window is not None,
-        NUM_SPLITS=num_splits, PDL=pdl, PREFETCH=prefetch, num_warps=4, num_stages=2, launch_pdl=pdl,
+        NUM_SPLITS=num_splits, PDL=pdl, PREFETCH=prefetch_before_wait(q.device), num_warps=4, num_stages=2,
+        launch_pdl=pdl,
     )
     if num_splits > 1:
         _merge_kernel[(num_seqs, num_heads)](

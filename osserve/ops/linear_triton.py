@@ -50,8 +50,10 @@ PREFETCH_WAVES = 2
 def prefetch_lines(programs: int, device: torch.device) -> int:
     """PREFETCH_LINES where a grid of `programs` is placed at once (before its predecessor ends) and
     prefetching is on (ops/pdl.py), else 0."""
+    if not prefetch_before_wait(device):
+        return 0
     sms = torch.cuda.get_device_properties(device).multi_processor_count
-    return PREFETCH_LINES if programs <= PREFETCH_WAVES * sms and prefetch_before_wait() else 0
+    return PREFETCH_LINES if programs <= PREFETCH_WAVES * sms else 0
 
 
 @triton.jit
@@ -165,7 +167,7 @@ def small_m_linear_triton(
         NUM_STAGES=stages_that_fit(config, block_m, x.element_size()),
         # fp32 (CPU tests): no silent TF32; bf16 ignores the setting.
         DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32", PDL=pdl,
-        PREFETCH=prefetch_lines(grid[0] * grid[1], x.device) if pdl else 0,
+        PREFETCH=prefetch_lines(grid[0] * grid[1], x.device),
         num_warps=config.num_warps, launch_pdl=pdl,
     )
     return out

@@ -49,9 +49,10 @@ def pdl_launch(device: torch.device) -> bool:
     return _hopper_or_later(device.index if device.index is not None else torch.cuda.current_device())
 
 
-def prefetch_before_wait() -> bool:
-    """Whether kernels launched with PDL prefetch into L2 before their wait (PREFETCH)."""
-    return PREFETCH
+def prefetch_before_wait(device: torch.device) -> bool:
+    """Whether kernels on `device` prefetch into L2 before their wait: they launch with PDL and
+    PREFETCH is on."""
+    return PREFETCH and pdl_launch(device)
 
 
 @triton.jit

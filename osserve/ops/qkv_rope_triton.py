@@ -121,7 +121,7 @@ def qkv_rope_cache_triton(
         BLOCK_M=block_m, BLOCK_K=config.block_k, NUM_STAGES=stages_that_fit(config, block_m, x.element_size()),
         # fp32 (CPU tests): no silent TF32; bf16 ignores the setting.
         DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32", PDL=pdl,
-        PREFETCH=prefetch_lines(programs, x.device) if pdl else 0,
+        PREFETCH=prefetch_lines(programs, x.device),
         num_warps=config.num_warps, launch_pdl=pdl,
     )
     return q

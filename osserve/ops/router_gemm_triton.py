@@ -280,7 +280,7 @@ def _launch(
         PARTS=norm.a.shape[0] if norm is not None and norm.a.dim() == 4 else 1,
         BLOCK_ROW=triton.next_power_of_2(h) if norm is not None else 16, PDL=pdl,
         PREFETCH_LINES=triton.next_power_of_2(triton.cdiv(h_per_split * weight.element_size(), 128))
-        if pdl and prefetch_before_wait() else 0,
+        if prefetch_before_wait(x.device) else 0,
         num_warps=4, launch_pdl=pdl,
     )
     return weights, ids, plan
