@@ -27,7 +27,6 @@ from osserve.ops import moe_swapped
 from osserve.ops.moe import SWIGLU_ALPHA
 from osserve.ops.moe_align import RoutingPlan, align_tokens
 from osserve.ops.moe_gluon_loop import BLOCK_K, WORD_LAYOUT, k_loop, weight_pointers
-from osserve.ops.moe_gluon_tma import descriptors, k_loop_tma
 from osserve.ops.moe_swapped import (
     MAX_TOKENS,
     SWIGLU_BLOCK_N,
@@ -77,14 +76,6 @@ def _out_rows(row0, N, pid_t, ROWS: gl.constexpr, BLOCK_T: gl.constexpr, layout:
 
 
 @gluon.jit
-def _table_rows(expert, tile, stride_we, stride_wt, stride_se, stride_st):
-    """The first rows of an expert's 64-row tile in the TMA descriptors' [rows, 16] tables."""
-    tile = tile.to(gl.int64)
-    return (((expert * stride_we + tile * stride_wt) // 16).to(gl.int32),
-            ((expert * stride_se + tile * stride_st) // 16).to(gl.int32))
-
-
-@gluon.jit
 def _split_pairs(acc, BLOCK_T: gl.constexpr):
     """[64, BT] accumulator of paired rows (mxfp4_fragments.pair_eights: per 16 rows, 8 gates then
     their 8 ups) -> gate, up [32, BT] in the 32-row output layout. Rows r and r + 8 of a warp's 16
@@ -125,12 +116,12 @@ _PER_STEP = ["num_slots", "num_t_blocks", "num_splits"]
 
 @gluon.jit(do_not_specialize=_PER_STEP)
 def _gate_up_kernel(
-    x_ptr, w_ptr, s_ptr, w_desc, s_desc, b_ptr, act_ptr, part_ptr,  # x [T, K]; w, s tile-major; b [E, 2N]
+    x_ptr, w_ptr, s_ptr, b_ptr, act_ptr, part_ptr,  # x [T, K]; w, s tile-major (mxfp4_fragments); b [E, 2N]
     sorted_ptr, block_expert_ptr, num_padded_ptr,  # act [P, N]; part [S, P, 2N] float32 (split K only)
     num_slots, N, K, num_t_blocks, num_splits, k_per_split, limit,
     stride_xm, stride_we, stride_wt, stride_se, stride_st, stride_be, stride_am, stride_ps, stride_pm,
     TOP_K: gl.constexpr, BLOCK_T: gl.constexpr, SPLIT: gl.constexpr, ALPHA: gl.constexpr, UNSCALE: gl.constexpr,
-    STAGES: gl.constexpr, TILES: gl.constexpr, PDL: gl.constexpr, TMA: gl.constexpr, X_STEPS: gl.constexpr,
+    STAGES: gl.constexpr, TILES: gl.constexpr, PDL: gl.constexpr,
 ):
     """w's rows are paired (mxfp4_fragments.pair_eights): a 64-row tile is 32 columns' gate and up.
     A program takes TILES (1 or 2) consecutive tiles: 2 shares each activation step between two
@@ -149,14 +140,8 @@ def _gate_up_kernel(
                                                     stride_se, stride_st, WORD_LAYOUT)
     k_start = pid_s * k_per_split
     k_end = gl.minimum(K, k_start + k_per_split)
-    if TMA:  # one tile (TILES == 1); w_desc, s_desc: moe_gluon_tma.descriptors(w, s)
-        w_row, s_row = _table_rows(expert, tile, stride_we, stride_wt, stride_se, stride_st)
-        acc_a = k_loop_tma(w_desc, s_desc, w_row, s_row, w_ptrs, x_ptrs, row_ok[:, None], w_mask, word, kcol,
-                           k_start, k_end, K, BLOCK_T, STAGES, X_STEPS, False)
-        acc_b = acc_a
-    else:
-        acc_a, acc_b = k_loop(w_ptrs, s_ptrs, stride_wt, stride_st, x_ptrs, row_ok[:, None], w_mask, word,
-                               kcol, k_start, k_end, K, BLOCK_T, TILES == 2, STAGES, False)
+    acc_a, acc_b = k_loop(w_ptrs, s_ptrs, stride_wt, stride_st, x_ptrs, row_ok[:, None], w_mask, word,
+                           kcol, k_start, k_end, K, BLOCK_T, TILES == 2, STAGES, False)
     _gate_up_epilogue(acc_a, tile, expert, pid_s, pid_t, N, limit, b_ptr, act_ptr, part_ptr, sorted_ptr, num_slots,
                       stride_be, stride_am, stride_ps, stride_pm, BLOCK_T, SPLIT, ALPHA, UNSCALE)
     if TILES == 2:
@@ -166,12 +151,11 @@ def _gate_up_kernel(
 
 @gluon.jit(do_not_specialize=_PER_STEP)
 def _down_kernel(
-    act_ptr, w_ptr, s_ptr, w_desc, s_desc, b_ptr, y_ptr, topk_w_ptr,  # act [P, K]; w, s tile-major; y [S, T*k, N]
+    act_ptr, w_ptr, s_ptr, b_ptr, y_ptr, topk_w_ptr,  # act [P, K]; w, s tile-major; y [S, T*k, N]
     sorted_ptr, block_expert_ptr, num_padded_ptr,
     num_slots, N, K, num_t_blocks, num_splits, k_per_split,
     stride_am, stride_we, stride_wt, stride_se, stride_st, stride_be, stride_ys, stride_ym,
-    BLOCK_T: gl.constexpr, UNSCALE: gl.constexpr, STAGES: gl.constexpr, PDL: gl.constexpr, TMA: gl.constexpr,
-    X_STEPS: gl.constexpr,
+    BLOCK_T: gl.constexpr, UNSCALE: gl.constexpr, STAGES: gl.constexpr, PDL: gl.constexpr,
 ):
     """With PDL the wait for the gate/up kernel is in the K loop, after its first weight copies. The
     routing plan read before it comes from the kernel before gate/up (the router or the plan's own
@@ -187,13 +171,8 @@ def _down_kernel(
                                                     stride_se, stride_st, WORD_LAYOUT)
     k_start = pid_s * k_per_split
     k_end = gl.minimum(K, k_start + k_per_split)
-    if TMA:
-        w_row, s_row = _table_rows(expert, pid_w, stride_we, stride_wt, stride_se, stride_st)
-        acc = k_loop_tma(w_desc, s_desc, w_row, s_row, w_ptrs, x_ptrs, row_ok[:, None], w_mask, word, kcol, k_start,
-                         k_end, K, BLOCK_T, STAGES, X_STEPS, PDL)
-    else:
-        acc, _ = k_loop(w_ptrs, s_ptrs, 0, 0, x_ptrs, row_ok[:, None], w_mask, word, kcol, k_start, k_end, K,
-                         BLOCK_T, False, STAGES, PDL)
+    acc, _ = k_loop(w_ptrs, s_ptrs, 0, 0, x_ptrs, row_ok[:, None], w_mask, word, kcol, k_start, k_end, K,
+                     BLOCK_T, False, STAGES, PDL)
 
     acc = gl.convert_layout(acc, OUT_LAYOUT)
     orow, o_ok, prow = _out_rows(pid_w * 64, N, pid_t, 64, BLOCK_T, OUT_LAYOUT)
@@ -232,9 +211,6 @@ DOWN_PROGRAMS_PER_SM = 2
 # 326.2 vs 316.9 (32), T=1024 863.4 vs 790.9 (64); 120b T=256 991.7 vs 1001.2 (16), T=1024 1504.5
 # vs 1458.7 (32).
 GATE_UP_TILES_BY_BLOCK_T = {8: 1, 16: 1, 32: 2, 64: 2}
-# Token tiles whose K loop copies by TMA (moe_gluon_tma.py): those whose activations for a whole K
-# range fit beside the ring with three programs per SM (8 rows x 2,880 x 2 bytes = 46 KB).
-TMA_BLOCK_T = (8,)
 
 
 def fused_moe_gluon(
@@ -250,20 +226,17 @@ def fused_moe_gluon(
     gate_up_tiles: int | None = None,
     reduce: bool = True,
     plan: RoutingPlan | None = None,
-    tma: bool | None = None,
 ) -> torch.Tensor:
     """x [T, H] bf16 -> [T, H] (or unreduced: moe_swapped.expert_rows); same function as
     moe_reference, on experts prepared with fragments=True. Host-sync free, CUDA-graph capturable.
     K is split until a GEMM has min_programs (gate/up) or down_min_programs (down) programs;
     defaults: PROGRAMS_PER_SM and DOWN_PROGRAMS_PER_SM per SM. gate_up_tiles: 64-row tiles per
     gate/up program (1 or 2; default by token tile, GATE_UP_TILES_BY_BLOCK_T). plan: topk_ids'
-    routing plan for this batch's token tile, if the router built it (else one is built here). tma:
-    the K loop copies by TMA (moe_gluon_tma.py; default: token tiles in TMA_BLOCK_T, one gate/up tile
-    per program)."""
+    routing plan for this batch's token tile, if the router built it (else one is built here)."""
     if x.shape[0] > MAX_TOKENS:  # moe_swapped's bound: larger batches run in chunks of that many tokens
         return torch.cat([fused_moe_gluon(x[i:i + MAX_TOKENS], topk_weights[i:i + MAX_TOKENS],
                                           topk_ids[i:i + MAX_TOKENS], prepared, swiglu_limit, block_t, min_programs,
-                                          stages, down_min_programs, gate_up_tiles, tma=tma)
+                                          stages, down_min_programs, gate_up_tiles)
                           for i in range(0, x.shape[0], MAX_TOKENS)])
     assert prepared.fragments, "experts were not prepared in the fragment layout"
     num_tokens, hidden = x.shape
@@ -289,23 +262,15 @@ def fused_moe_gluon(
     gate_up_tiles = GATE_UP_TILES_BY_BLOCK_T[bt] if gate_up_tiles is None else gate_up_tiles
     w_blocks1 = triton.cdiv(2 * inter, gate_up_tiles * BLOCK_W)
     splits1, per_split1 = split_k(used_t_blocks * w_blocks1, hidden, int(BLOCK_K), min_programs)
-    tma = (bt in TMA_BLOCK_T and gate_up_tiles == 1) if tma is None else tma
-    assert not tma or gate_up_tiles == 1, "the TMA K loop takes one gate/up tile per program"
-    d1 = d2 = (None, None)
-    if tma:
-        if prepared.descriptors is None:
-            prepared.descriptors = (*descriptors(w1, s1), *descriptors(w2, s2))
-        d1, d2 = prepared.descriptors[:2], prepared.descriptors[2:]
     part = torch.empty(splits1, rows, 2 * inter, dtype=torch.float32, device=x.device) if splits1 > 1 else act
     pdl = pdl_launch(x.device)
     _gate_up_kernel[(tb * splits1 * w_blocks1,)](
-        x, w1, s1, *d1, b1, act, part, plan.sorted_slots, plan.block_expert, plan.num_padded,
+        x, w1, s1, b1, act, part, plan.sorted_slots, plan.block_expert, plan.num_padded,
         num_slots, inter, hidden, tb, splits1, per_split1, float(swiglu_limit),
         x.stride(0), w1.stride(0), w1.stride(1), s1.stride(0), s1.stride(1), b1.stride(0), act.stride(0),
         part.stride(0), part.stride(1),
         TOP_K=top_k, BLOCK_T=bt, SPLIT=splits1 > 1, ALPHA=SWIGLU_ALPHA, UNSCALE=UNSCALE, STAGES=stages,
-        TILES=gate_up_tiles, PDL=pdl, TMA=tma, X_STEPS=triton.cdiv(per_split1, BLOCK_K) if tma else 1,
-        num_warps=NUM_WARPS, launch_pdl=pdl,
+        TILES=gate_up_tiles, PDL=pdl, num_warps=NUM_WARPS, launch_pdl=pdl,
     )
     if splits1 > 1:
         _swiglu_splits_kernel[(tb, triton.cdiv(inter, SWIGLU_BLOCK_N))](
@@ -317,11 +282,10 @@ def fused_moe_gluon(
     splits2, per_split2 = split_k(used_t_blocks * w_blocks2, inter, int(BLOCK_K), down_min_programs)
     y = down_output(splits2, num_slots, hidden, x)
     _down_kernel[(tb * splits2 * w_blocks2,)](
-        act, w2, s2, *d2, b2, y, topk_w, plan.sorted_slots, plan.block_expert, plan.num_padded,
+        act, w2, s2, b2, y, topk_w, plan.sorted_slots, plan.block_expert, plan.num_padded,
         num_slots, hidden, inter, tb, splits2, per_split2,
         act.stride(0), w2.stride(0), w2.stride(1), s2.stride(0), s2.stride(1), b2.stride(0), y.stride(0),
-        y.stride(1), BLOCK_T=bt, UNSCALE=UNSCALE, STAGES=stages, PDL=pdl, TMA=tma,
-        X_STEPS=triton.cdiv(per_split2, BLOCK_K) if tma else 1, num_warps=NUM_WARPS, launch_pdl=pdl,
+        y.stride(1), BLOCK_T=bt, UNSCALE=UNSCALE, STAGES=stages, PDL=pdl, num_warps=NUM_WARPS, launch_pdl=pdl,
     )
     return expert_rows(y, num_tokens, top_k, x.dtype, reduce)
 

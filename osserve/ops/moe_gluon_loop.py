@@ -41,7 +41,7 @@ WORD_LAYOUT = gl.constexpr(gl.DistributedLinearLayout(
 
 
 @gluon.jit
-def dequant(words, scales, A_LAYOUT: gl.constexpr):
+def _dequant(words, scales, A_LAYOUT: gl.constexpr):
     """[64, 16] int32 words + their groups' bf16x2 scales -> [64, 128] bf16 in the MMA's A layout.
 
     The asm takes two words per call (jw = 0, 1) and returns eight bf16x2 registers, output
@@ -81,18 +81,13 @@ def _issue_weights(wa_ring, wb_ring, sa_ring, sb_ring, slot, wa_ptrs, sa_ptrs, b
             async_copy.async_copy_global_to_shared(wb_ring.index(slot), wa_ptrs + b_off_w + step * STEP_W,
                                                    mask=s_mask)
     else:
-        issue_tail_words(wa_ring.index(slot), wa_ptrs, step, s_mask, word)
+        # the tail step's rows are 8 words long: row r's words start 8 r, not 16 r, after the full steps
+        row = gl.arange(0, 64, layout=gl.SliceLayout(1, WORD_LAYOUT))
+        tail_off = step * STEP_W - (row * (ROW_W // 2))[:, None] + ((word // 4) * 2 + word % 2 - word)[None, :]
+        t_mask = s_mask & ((word // 2) % 2 == 0)[None, :]
+        async_copy.async_copy_global_to_shared(wa_ring.index(slot), wa_ptrs + tail_off, mask=t_mask)
         if TWO:
-            issue_tail_words(wb_ring.index(slot), wa_ptrs + b_off_w, step, s_mask, word)
-
-
-@gluon.jit
-def issue_tail_words(buf, w_ptrs, step, mask, word):
-    """Start the copy of K's 64-column tail step (step `step`) of the tile at w_ptrs into buf: its rows
-    are 8 words long, row r's starting 8 r (not 16 r) after the full steps; b2 = 1 is zero-filled."""
-    row = gl.arange(0, 64, layout=gl.SliceLayout(1, WORD_LAYOUT))
-    tail_off = step * STEP_W - (row * (ROW_W // 2))[:, None] + ((word // 4) * 2 + word % 2 - word)[None, :]
-    async_copy.async_copy_global_to_shared(buf, w_ptrs + tail_off, mask=mask & ((word // 2) % 2 == 0)[None, :])
+            async_copy.async_copy_global_to_shared(wb_ring.index(slot), wa_ptrs + b_off_w + tail_off, mask=t_mask)
 
 
 @gluon.jit
@@ -159,10 +154,10 @@ def k_loop(wa_ptrs, sa_ptrs, b_off_w, b_off_s, x_ptrs, x_ok, w_mask, word, kcol,
         _issue_x(x_ring, nxt % STAGES, x_ptrs, x_ok, kcol, k_start + nxt * BLOCK_K, k_end)
         async_copy.commit_group()
         xs = x_ring.index(slot).permute((1, 0))
-        a = dequant(wa_ring.index(slot).load(WORD_LAYOUT), _ring_scales(sa_ring, slot), A_LAYOUT)
+        a = _dequant(wa_ring.index(slot).load(WORD_LAYOUT), _ring_scales(sa_ring, slot), A_LAYOUT)
         acc_a = warpgroup_mma(a, xs, acc_a, is_async=True)
         if TWO:
-            b = dequant(wb_ring.index(slot).load(WORD_LAYOUT), _ring_scales(sb_ring, slot), A_LAYOUT)
+            b = _dequant(wb_ring.index(slot).load(WORD_LAYOUT), _ring_scales(sb_ring, slot), A_LAYOUT)
             acc_b = warpgroup_mma(b, xs, acc_b, is_async=True)
             acc_a, acc_b = warpgroup_mma_wait(0, deps=[acc_a, acc_b, a, b])[:2]
         else:
