@@ -21,7 +21,7 @@ import torch
 import triton
 import triton.language as tl
 
-from osserve.ops.pdl import pdl_enter, pdl_launch, prefetch_before_wait, prefetch_l2
+from osserve.ops.pdl import pdl_enter, pdl_launch, prefetch_before_wait, prefetch_rows
 
 # Above this cuBLAS's tiled GEMMs win (H100, benchmarks/bench_linear.py: at 64 rows the x tile
 # crowds the pipeline's shared memory and the kernel fell to 1.2 TB/s).
@@ -54,15 +54,6 @@ def prefetch_lines(programs: int, device: torch.device) -> int:
         return 0
     sms = torch.cuda.get_device_properties(device).multi_processor_count
     return PREFETCH_LINES if programs <= PREFETCH_WAVES * sms else 0
-
-
-@triton.jit
-def prefetch_rows(w_rows, w_ptr, n_ok, k_start, k_end, LINES: tl.constexpr):  # noqa: ANN001, ANN201
-    """The first LINES 128-byte lines of each weight row from k_start (ops/pdl.prefetch_l2)."""
-    if LINES > 0:
-        k = k_start + tl.arange(0, LINES) * (128 // (w_ptr.dtype.element_ty.primitive_bitwidth // 8))
-        ok = n_ok[:, None] & (k < k_end)[None, :]
-        prefetch_l2(tl.where(ok, w_rows + k[None, :], w_ptr))
 
 
 def stages_that_fit(config: LinearConfig, block_m: int, itemsize: int) -> int:

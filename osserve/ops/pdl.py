@@ -79,3 +79,13 @@ def prefetch_l2(ptrs):  # noqa: ANN001, ANN201
     with no result, for the work before the wait."""
     tl.inline_asm_elementwise("prefetch.global.L2 [$1]; // $0", "=r,l", [ptrs.to(tl.int64)], dtype=tl.int32,
                               is_pure=False, pack=1)
+
+
+@triton.jit
+def prefetch_rows(w_rows, w_ptr, n_ok, k_start, k_end, LINES: tl.constexpr):  # noqa: ANN001, ANN201
+    """prefetch_l2 of the first LINES 128-byte lines of each row from column k_start (below k_end):
+    w_rows [N, 1] points at the rows' column 0 of the matrix at w_ptr, n_ok [N] masks them."""
+    if LINES > 0:
+        k = k_start + tl.arange(0, LINES) * (128 // (w_ptr.dtype.element_ty.primitive_bitwidth // 8))
+        ok = n_ok[:, None] & (k < k_end)[None, :]
+        prefetch_l2(tl.where(ok, w_rows + k[None, :], w_ptr))

@@ -25,11 +25,10 @@ from osserve.ops.linear_triton import (
     DEFAULT_CONFIG,
     MAX_TOKENS,
     prefetch_lines,
-    prefetch_rows,
     small_m_dot,
     stages_that_fit,
 )
-from osserve.ops.pdl import pdl_enter, pdl_launch
+from osserve.ops.pdl import pdl_enter, pdl_launch, prefetch_rows
 
 
 @triton.jit

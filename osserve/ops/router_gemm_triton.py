@@ -38,7 +38,7 @@ import triton.language as tl
 
 from osserve.ops.moe_align import PlanShape, RoutingPlan, build_plan, empty_plan
 from osserve.ops.norm_triton import add_parts, row_rstd
-from osserve.ops.pdl import pdl_enter, pdl_launch, prefetch_before_wait, prefetch_l2
+from osserve.ops.pdl import pdl_enter, pdl_launch, prefetch_before_wait, prefetch_rows
 from osserve.ops.router import FUSED_MAX_TOKENS, router_counters
 from osserve.ops.router_triton import topk_softmax_rows
 
@@ -83,10 +83,8 @@ def _router_gemm_topk_kernel(
     w_cols = w_ptr + cols.to(tl.int64)[None, :] * stride_we
     h_start = pid_s * h_per_split
     h_end = tl.minimum(h_start + h_per_split, hidden)
-    if PREFETCH_LINES > 0:  # this program's weight slice into L2 while the kernel before ends (ops/pdl.py)
-        pf_col = h_start + tl.arange(0, PREFETCH_LINES) * (128 // (w_ptr.dtype.element_ty.primitive_bitwidth // 8))
-        pf_ok = col_ok[None, :] & (pf_col < h_end)[:, None]
-        prefetch_l2(tl.where(pf_ok, w_cols + pf_col[:, None], w_ptr))
+    # This program's weight slice (each expert's row from h_start) into L2 while the kernel before ends.
+    prefetch_rows(w_ptr + cols.to(tl.int64)[:, None] * stride_we, w_ptr, col_ok, h_start, h_end, PREFETCH_LINES)
     pdl_enter(PDL)
     dtype = x_ptr.dtype.element_ty
     if NORM:  # each token's 1 / RMS over its whole row (one program per token block: pid_t = 0)
