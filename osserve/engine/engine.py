@@ -13,9 +13,8 @@ inputs read from step N's sampled ids on the device, and only then waits for ste
 turns them into deltas — so the host's scheduling, batch building and detokenising overlap the
 GPU's work instead of alternating with it. A request whose in-flight token is certain to end it
 (max_tokens, the context limit) sits the next step out; one that stops on a stop token or string
-costs one wasted row. Newcomers are admitted beside a step in flight (their prompts are known).
-Anything else (a running request's next prefill chunk, a request that needs its tokens, too few
-free blocks to grow every request) first finishes the step in flight.
+costs one wasted row. Anything else (an admission, a prefill chunk, a request that needs its
+tokens, too few free blocks to grow every request) first finishes the step in flight.
 
 AsyncEngine (engine/async_engine.py) runs this loop in a thread for the server; LLM
 (engine/llm.py) drives it directly for offline use.
@@ -67,14 +66,12 @@ class StepProfile:
     post: float = 0.0
     steps_with_prefill: int = 0  # these run eagerly; decode-only steps replay a CUDA graph (GPU)
     steps_in_flight: int = 0  # left running while the next one was scheduled (async scheduling)
-    prefills_beside: int = 0  # steps with a prefill launched while the step before was in flight
     every: int = 500
 
     def add(self, batch: int, schedule: float, launch: float, gpu_wait: float, post: float,
-            has_prefill: bool = False, in_flight: bool = False, beside: bool = False) -> None:
+            has_prefill: bool = False, in_flight: bool = False) -> None:
         self.steps += 1
         self.steps_with_prefill += has_prefill
-        self.prefills_beside += has_prefill and beside
         self.steps_in_flight += in_flight
         self.requests += batch
         self.schedule += schedule
@@ -84,8 +81,8 @@ class StepProfile:
 
     def summary(self) -> str:
         n = max(self.steps, 1)
-        return (f"{self.steps} steps ({self.steps_with_prefill} with prefill, {self.prefills_beside} of them "
-                f"launched beside a step in flight, {self.steps_in_flight} left in flight), mean batch {self.requests / n:.1f}; "
+        return (f"{self.steps} steps ({self.steps_with_prefill} with prefill, {self.steps_in_flight} left in flight"
+                f"), mean batch {self.requests / n:.1f}; "
                 f"ms per step: schedule "
                 f"{1000 * self.schedule / n:.2f}, build+launch {1000 * self.launch / n:.2f}, wait for GPU "
                 f"{1000 * self.gpu_wait / n:.2f}, outputs {1000 * self.post / n:.2f}")
@@ -100,7 +97,7 @@ class InFlightStep:
     token_ids: torch.Tensor  # [S] on the device: the next step's decode inputs read it there
     host_ids: torch.Tensor  # [S] the same, copied without blocking (pinned on a GPU)
     copied: torch.cuda.Event | None  # marks the copy's end on a GPU
-    profile: tuple[float, float, bool, bool]  # schedule s, launch s, has a prefill, launched beside one in flight
+    profile: tuple[float, float, bool]  # (schedule s, launch s, has a prefill) of its launch
 
 
 def can_run_ahead(params: SamplingParams, num_output_tokens: int) -> bool:
@@ -223,7 +220,7 @@ class LLMEngine:
         self.prompt_tokens_total += prompt_tokens
         t2 = time.perf_counter()
         has_prefill = any(s.num_new_tokens > 1 for s in out.scheduled)
-        step = self._in_flight(out, rows, result, (t1 - t0, t2 - t1, has_prefill, prev is not None))
+        step = self._in_flight(out, rows, result, (t1 - t0, t2 - t1, has_prefill))
         deltas = self._finish(prev) if prev is not None else []
         if ahead:
             self.in_flight = step
@@ -252,13 +249,12 @@ class LLMEngine:
         return entries, rows, prompt_tokens
 
     def _can_overlap(self, ending: set[str]) -> bool:
-        """The next step may be launched before the one in flight is read: every running request
-        that goes on is decoding (its one unknown token is the one in flight, which the runner
-        takes on the device), can run ahead, and gets its next slot. Newcomers may join: their
-        prompts are known, and schedule() admits them only into free room, never by preempting.
-        (Draining before every admission left the GPU idle while the host built those steps: 21%
-        of the 120b stress test's steps.)"""
-        going_on = [r for r in self.scheduler.running if r.request_id not in ending]
+        """The next step may be launched before the one in flight is read: it will be decodes
+        only, of requests that can run ahead, and every one of them gets its next slot."""
+        sched = self.scheduler
+        if sched.waiting and len(sched.running) < self.scheduler_config.max_num_seqs:
+            return False  # an admission: a prefill, and new prompts change the batch's shape
+        going_on = [r for r in sched.running if r.request_id not in ending]
         return all(r.num_tokens - r.num_computed_tokens == 1
                    and can_run_ahead(r.sampling_params, r.num_output_tokens) for r in going_on) \
             and self.kv.can_allocate_all(going_on, 1)
@@ -281,7 +277,7 @@ class LLMEngine:
         return self.sampler.sample(logits, batch)
 
     def _in_flight(self, out: SchedulerOutput, rows: list[Request], result: SamplerOutput | None,
-                   profile: tuple[float, float, bool, bool]) -> InFlightStep:
+                   profile: tuple[float, float, bool]) -> InFlightStep:
         """Start copying the sampled ids to the host without waiting for them."""
         ids = result.token_ids if result is not None else torch.empty(0, dtype=torch.int64)
         copied = None
@@ -321,9 +317,9 @@ class LLMEngine:
             if delta.finished and not req.status.is_finished:
                 self.scheduler.finish(req.request_id, delta.finish_reason or "stop")  # a stop string
             deltas.append(self._retire(delta) if delta.finished else delta)
-        schedule, launch, has_prefill, beside = step.profile
+        schedule, launch, has_prefill = step.profile
         self.profile.add(len(step.out.scheduled), schedule, launch, t3 - t2, time.perf_counter() - t3,
-                         has_prefill=has_prefill, in_flight=step.out.tokens_pending, beside=beside)
+                         has_prefill=has_prefill, in_flight=step.out.tokens_pending)
         return deltas
 
     def _retire(self, delta: CompletionDelta) -> CompletionDelta:

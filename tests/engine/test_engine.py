@@ -158,9 +158,8 @@ def test_abort_frees_every_block(tiny_checkpoint: Path) -> None:
 
 def test_async_scheduling_changes_no_output(tiny_checkpoint: Path, alone: dict[str, list[int]]) -> None:
     """Steps left in flight (the next one scheduled on the device's tokens) give the same tokens
-    as finishing every step first: greedy, with requests arriving mid-run (admitted beside a step
-    in flight), stopping on a stop token while the next step already runs, and ending at different
-    max_tokens."""
+    as finishing every step first: greedy, with requests arriving mid-run, stopping on a stop
+    token while the next step already runs, and ending at different max_tokens."""
     stop_token = alone["r3"][5]  # appears mid-output: r3 (at least) stops on it
     params = SamplingParams(temperature=0, max_tokens=MAX_TOKENS, stop_token_ids=[stop_token])
     results, profiles = [], []
@@ -173,13 +172,12 @@ def test_async_scheduling_changes_no_output(tiny_checkpoint: Path, alone: dict[s
             for d in eng.step():
                 out.setdefault(d.request_id, []).extend(d.new_token_ids)
         results.append(out)
-        profiles.append((eng.profile.steps_in_flight, eng.profile.prefills_beside))
+        profiles.append(eng.profile.steps_in_flight)
         assert all(eng.kv.num_free_blocks(g) == eng.kv.num_blocks(g) for g in eng.kv.groups)
     assert results[0] == results[1]
     assert results[0]["r3"] == alone["r3"][:6]
     assert [len(results[0][f"m{i}"]) for i in range(4)] == [3, 5, 7, 9]
-    # async really ran ahead, and admitted newcomers beside steps in flight; sync never did either
-    assert profiles[0][0] > 10 and profiles[0][1] >= 5 and profiles[1] == (0, 0)
+    assert profiles[0] > 10 and profiles[1] == 0  # async really ran ahead; sync never did
 
 
 def test_requests_that_need_their_tokens_mix_with_async(tiny_checkpoint: Path) -> None:
