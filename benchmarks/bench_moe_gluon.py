@@ -61,6 +61,8 @@ def main() -> None:
                         help="no checks, no variants: the default kernel's times (to compare two trees in one call)")
     parser.add_argument("--grid", default=None, metavar="STAGES:TILES",
                         help="only these variants, e.g. 3,4,6:8,16 (ring depths x token tiles, 1 program per SM)")
+    parser.add_argument("--ab-ws", action="store_true",
+                        help="with --quick: also time the K loops without the copy warp (moe_gluon_ws.py)")
     args = parser.parse_args()
     tokens = [int(t) for t in args.tokens.split(",")]
     props = torch.cuda.get_device_properties(0)
@@ -95,6 +97,9 @@ def main() -> None:
             base = graph_time_us([partial(fused_moe_swapped, x, w, ids, p, LIMIT) for p in swapped])
             new = graph_time_us([partial(fused_moe_gluon, x, w, ids, p, LIMIT) for p in gluon])
             variants = {"default": new}
+            if args.ab_ws:
+                variants["no copy warp"] = graph_time_us(
+                    [partial(fused_moe_gluon, x, w, ids, p, LIMIT, ws=False) for p in gluon])
             ring_depths, token_tiles, per_sm = (3, 4), (8, 16, 32, 64), (1, 2)
             if args.grid:
                 depths, tiles = args.grid.split(":")

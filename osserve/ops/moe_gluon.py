@@ -27,6 +27,7 @@ from osserve.ops import moe_swapped
 from osserve.ops.moe import SWIGLU_ALPHA
 from osserve.ops.moe_align import RoutingPlan, align_tokens
 from osserve.ops.moe_gluon_loop import BLOCK_K, WORD_LAYOUT, k_loop, weight_pointers
+from osserve.ops.moe_gluon_ws import MAX_REGISTERS, descriptors, k_loop_ws
 from osserve.ops.moe_swapped import (
     MAX_TOKENS,
     SWIGLU_BLOCK_N,
@@ -76,6 +77,13 @@ def _out_rows(row0, N, pid_t, ROWS: gl.constexpr, BLOCK_T: gl.constexpr, layout:
 
 
 @gluon.jit
+def _first_word_and_scale(expert, tile, stride_we, stride_wt, stride_se, stride_st):
+    """Offsets of an expert's 64-row tile's first word and scale byte (tile-major, mxfp4_fragments.py)."""
+    tile = tile.to(gl.int64)
+    return (expert * stride_we + tile * stride_wt).to(gl.int32), (expert * stride_se + tile * stride_st).to(gl.int32)
+
+
+@gluon.jit
 def _split_pairs(acc, BLOCK_T: gl.constexpr):
     """[64, BT] accumulator of paired rows (mxfp4_fragments.pair_eights: per 16 rows, 8 gates then
     their 8 ups) -> gate, up [32, BT] in the 32-row output layout. Rows r and r + 8 of a warp's 16
@@ -116,16 +124,18 @@ _PER_STEP = ["num_slots", "num_t_blocks", "num_splits"]
 
 @gluon.jit(do_not_specialize=_PER_STEP)
 def _gate_up_kernel(
-    x_ptr, w_ptr, s_ptr, b_ptr, act_ptr, part_ptr,  # x [T, K]; w, s tile-major (mxfp4_fragments); b [E, 2N]
+    x_ptr, w_ptr, s_ptr, w_desc, t_desc, s_desc,  # x [T, K]; w, s tile-major (mxfp4_fragments); their TMA
+    b_ptr, act_ptr, part_ptr,  # descriptors (WS only: moe_gluon_ws.descriptors); b [E, 2N]
     sorted_ptr, block_expert_ptr, num_padded_ptr,  # act [P, N]; part [S, P, 2N] float32 (split K only)
     num_slots, N, K, num_t_blocks, num_splits, k_per_split, limit,
     stride_xm, stride_we, stride_wt, stride_se, stride_st, stride_be, stride_am, stride_ps, stride_pm,
     TOP_K: gl.constexpr, BLOCK_T: gl.constexpr, SPLIT: gl.constexpr, ALPHA: gl.constexpr, UNSCALE: gl.constexpr,
-    STAGES: gl.constexpr, TILES: gl.constexpr, PDL: gl.constexpr,
+    STAGES: gl.constexpr, TILES: gl.constexpr, PDL: gl.constexpr, WS: gl.constexpr,
 ):
     """w's rows are paired (mxfp4_fragments.pair_eights): a 64-row tile is 32 columns' gate and up.
     A program takes TILES (1 or 2) consecutive tiles: 2 shares each activation step between two
-    MMAs, 1 makes twice the programs (batch 1: 360 instead of 180 for 132 SMs)."""
+    MMAs, 1 makes twice the programs (batch 1: 360 instead of 180 for 132 SMs). WS: the K loop with
+    a copy warp (moe_gluon_ws.py; one tile)."""
     pdl_enter_gluon(PDL)
     pid_t, pid_s, pid_w = _program(num_t_blocks, num_splits)
     if pid_t * BLOCK_T >= gl.load(num_padded_ptr):
@@ -140,8 +150,14 @@ def _gate_up_kernel(
                                                     stride_se, stride_st, WORD_LAYOUT)
     k_start = pid_s * k_per_split
     k_end = gl.minimum(K, k_start + k_per_split)
-    acc_a, acc_b = k_loop(w_ptrs, s_ptrs, stride_wt, stride_st, x_ptrs, row_ok[:, None], w_mask, word,
-                           kcol, k_start, k_end, K, BLOCK_T, TILES == 2, STAGES, False)
+    if WS:
+        word0, scale0 = _first_word_and_scale(expert, tile, stride_we, stride_wt, stride_se, stride_st)
+        acc_a = k_loop_ws(w_desc, t_desc, s_desc, word0, scale0, x_ptr, stride_xm, sorted_ptr, pid_t, num_slots,
+                          k_start, k_end, K, BLOCK_T, TOP_K, STAGES, False)
+        acc_b = acc_a
+    else:
+        acc_a, acc_b = k_loop(w_ptrs, s_ptrs, stride_wt, stride_st, x_ptrs, row_ok[:, None], w_mask, word,
+                               kcol, k_start, k_end, K, BLOCK_T, TILES == 2, STAGES, False)
     _gate_up_epilogue(acc_a, tile, expert, pid_s, pid_t, N, limit, b_ptr, act_ptr, part_ptr, sorted_ptr, num_slots,
                       stride_be, stride_am, stride_ps, stride_pm, BLOCK_T, SPLIT, ALPHA, UNSCALE)
     if TILES == 2:
@@ -151,11 +167,12 @@ def _gate_up_kernel(
 
 @gluon.jit(do_not_specialize=_PER_STEP)
 def _down_kernel(
-    act_ptr, w_ptr, s_ptr, b_ptr, y_ptr, topk_w_ptr,  # act [P, K]; w, s tile-major; y [S, T*k, N]
+    act_ptr, w_ptr, s_ptr, w_desc, t_desc, s_desc,  # act [P, K]; w, s tile-major, their descriptors (WS)
+    b_ptr, y_ptr, topk_w_ptr,  # y [S, T*k, N]
     sorted_ptr, block_expert_ptr, num_padded_ptr,
     num_slots, N, K, num_t_blocks, num_splits, k_per_split,
     stride_am, stride_we, stride_wt, stride_se, stride_st, stride_be, stride_ys, stride_ym,
-    BLOCK_T: gl.constexpr, UNSCALE: gl.constexpr, STAGES: gl.constexpr, PDL: gl.constexpr,
+    BLOCK_T: gl.constexpr, UNSCALE: gl.constexpr, STAGES: gl.constexpr, PDL: gl.constexpr, WS: gl.constexpr,
 ):
     """With PDL the wait for the gate/up kernel is in the K loop, after its first weight copies. The
     routing plan read before it comes from the kernel before gate/up (the router or the plan's own
@@ -171,8 +188,13 @@ def _down_kernel(
                                                     stride_se, stride_st, WORD_LAYOUT)
     k_start = pid_s * k_per_split
     k_end = gl.minimum(K, k_start + k_per_split)
-    acc, _ = k_loop(w_ptrs, s_ptrs, 0, 0, x_ptrs, row_ok[:, None], w_mask, word, kcol, k_start, k_end, K,
-                     BLOCK_T, False, STAGES, PDL)
+    if WS:
+        word0, scale0 = _first_word_and_scale(expert, pid_w, stride_we, stride_wt, stride_se, stride_st)
+        acc = k_loop_ws(w_desc, t_desc, s_desc, word0, scale0, act_ptr, stride_am, sorted_ptr, pid_t, num_slots,
+                        k_start, k_end, K, BLOCK_T, 0, STAGES, PDL)
+    else:
+        acc, _ = k_loop(w_ptrs, s_ptrs, 0, 0, x_ptrs, row_ok[:, None], w_mask, word, kcol, k_start, k_end, K,
+                         BLOCK_T, False, STAGES, PDL)
 
     acc = gl.convert_layout(acc, OUT_LAYOUT)
     orow, o_ok, prow = _out_rows(pid_w * 64, N, pid_t, 64, BLOCK_T, OUT_LAYOUT)
@@ -211,6 +233,14 @@ DOWN_PROGRAMS_PER_SM = 2
 # 326.2 vs 316.9 (32), T=1024 863.4 vs 790.9 (64); 120b T=256 991.7 vs 1001.2 (16), T=1024 1504.5
 # vs 1458.7 (32).
 GATE_UP_TILES_BY_BLOCK_T = {8: 1, 16: 1, 32: 2, 64: 2}
+# The K loops with a copy warp (moe_gluon_ws.py) where the gate/up grid is at most WS_PROGRAMS_PER_SM
+# programs an SM by used_tiles' bound (8- and 16-token tiles, one tile a program): batch 1 (450 on 132
+# SMs) and 2 (810), not 4 (1,620). H100, bench_moe_gluon.py --ab-ws, µs a
+# layer with / without: 20b T=1 35.3 / 35.9, T=2 (720 programs) 56.5 / 67.7, T=4 (1,440) 90.0 / 94.5,
+# T=8 135.2 / 135.2, T=32 179.3 / 165.8; 120b T=1 38.7 / 39.4, T=2 59.5 / 72.3, T=4 104.9 / 104.0, T=8
+# 170.9 / 160.6. With more programs (several waves of three an SM) the copy warp's loop loses.
+WS_BLOCK_T = (8, 16)
+WS_PROGRAMS_PER_SM = 8
 
 
 def fused_moe_gluon(
@@ -226,17 +256,19 @@ def fused_moe_gluon(
     gate_up_tiles: int | None = None,
     reduce: bool = True,
     plan: RoutingPlan | None = None,
+    ws: bool | None = None,
 ) -> torch.Tensor:
     """x [T, H] bf16 -> [T, H] (or unreduced: moe_swapped.expert_rows); same function as
     moe_reference, on experts prepared with fragments=True. Host-sync free, CUDA-graph capturable.
     K is split until a GEMM has min_programs (gate/up) or down_min_programs (down) programs;
     defaults: PROGRAMS_PER_SM and DOWN_PROGRAMS_PER_SM per SM. gate_up_tiles: 64-row tiles per
     gate/up program (1 or 2; default by token tile, GATE_UP_TILES_BY_BLOCK_T). plan: topk_ids'
-    routing plan for this batch's token tile, if the router built it (else one is built here)."""
+    routing plan for this batch's token tile, if the router built it (else one is built here). ws: the
+    K loops with a copy warp (moe_gluon_ws.py; default: WS_BLOCK_T tiles at small grids)."""
     if x.shape[0] > MAX_TOKENS:  # moe_swapped's bound: larger batches run in chunks of that many tokens
         return torch.cat([fused_moe_gluon(x[i:i + MAX_TOKENS], topk_weights[i:i + MAX_TOKENS],
                                           topk_ids[i:i + MAX_TOKENS], prepared, swiglu_limit, block_t, min_programs,
-                                          stages, down_min_programs, gate_up_tiles)
+                                          stages, down_min_programs, gate_up_tiles, ws=ws)
                           for i in range(0, x.shape[0], MAX_TOKENS)])
     assert prepared.fragments, "experts were not prepared in the fragment layout"
     num_tokens, hidden = x.shape
@@ -263,14 +295,24 @@ def fused_moe_gluon(
     w_blocks1 = triton.cdiv(2 * inter, gate_up_tiles * BLOCK_W)
     splits1, per_split1 = split_k(used_t_blocks * w_blocks1, hidden, int(BLOCK_K), min_programs)
     part = torch.empty(splits1, rows, 2 * inter, dtype=torch.float32, device=x.device) if splits1 > 1 else act
+    if ws is None:
+        ws = bt in WS_BLOCK_T and used_t_blocks * w_blocks1 <= WS_PROGRAMS_PER_SM * sms
+    ws_up = ws and gate_up_tiles == 1
+    d1 = d2 = (None, None, None)
+    if ws:
+        if not prepared.descriptors:
+            prepared.descriptors = (*descriptors(w1, s1), *descriptors(w2, s2))
+        d2 = prepared.descriptors[3:]
+        d1 = prepared.descriptors[:3] if ws_up else d1
     pdl = pdl_launch(x.device)
     _gate_up_kernel[(tb * splits1 * w_blocks1,)](
-        x, w1, s1, b1, act, part, plan.sorted_slots, plan.block_expert, plan.num_padded,
+        x, w1, s1, *d1, b1, act, part, plan.sorted_slots, plan.block_expert, plan.num_padded,
         num_slots, inter, hidden, tb, splits1, per_split1, float(swiglu_limit),
         x.stride(0), w1.stride(0), w1.stride(1), s1.stride(0), s1.stride(1), b1.stride(0), act.stride(0),
         part.stride(0), part.stride(1),
         TOP_K=top_k, BLOCK_T=bt, SPLIT=splits1 > 1, ALPHA=SWIGLU_ALPHA, UNSCALE=UNSCALE, STAGES=stages,
-        TILES=gate_up_tiles, PDL=pdl, num_warps=NUM_WARPS, launch_pdl=pdl,
+        TILES=gate_up_tiles, PDL=pdl, WS=ws_up, num_warps=NUM_WARPS, launch_pdl=pdl,
+        maxnreg=MAX_REGISTERS if ws_up else None,
     )
     if splits1 > 1:
         _swiglu_splits_kernel[(tb, triton.cdiv(inter, SWIGLU_BLOCK_N))](
@@ -282,10 +324,11 @@ def fused_moe_gluon(
     splits2, per_split2 = split_k(used_t_blocks * w_blocks2, inter, int(BLOCK_K), down_min_programs)
     y = down_output(splits2, num_slots, hidden, x)
     _down_kernel[(tb * splits2 * w_blocks2,)](
-        act, w2, s2, b2, y, topk_w, plan.sorted_slots, plan.block_expert, plan.num_padded,
+        act, w2, s2, *d2, b2, y, topk_w, plan.sorted_slots, plan.block_expert, plan.num_padded,
         num_slots, hidden, inter, tb, splits2, per_split2,
         act.stride(0), w2.stride(0), w2.stride(1), s2.stride(0), s2.stride(1), b2.stride(0), y.stride(0),
-        y.stride(1), BLOCK_T=bt, UNSCALE=UNSCALE, STAGES=stages, PDL=pdl, num_warps=NUM_WARPS, launch_pdl=pdl,
+        y.stride(1), BLOCK_T=bt, UNSCALE=UNSCALE, STAGES=stages, PDL=pdl, WS=ws, num_warps=NUM_WARPS, launch_pdl=pdl,
+        maxnreg=MAX_REGISTERS if ws else None,
     )
     return expert_rows(y, num_tokens, top_k, x.dtype, reduce)
 

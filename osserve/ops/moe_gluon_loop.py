@@ -41,7 +41,7 @@ WORD_LAYOUT = gl.constexpr(gl.DistributedLinearLayout(
 
 
 @gluon.jit
-def _dequant(words, scales, A_LAYOUT: gl.constexpr):
+def dequant(words, scales, A_LAYOUT: gl.constexpr):
     """[64, 16] int32 words + their groups' bf16x2 scales -> [64, 128] bf16 in the MMA's A layout.
 
     The asm takes two words per call (jw = 0, 1) and returns eight bf16x2 registers, output
@@ -154,10 +154,10 @@ def k_loop(wa_ptrs, sa_ptrs, b_off_w, b_off_s, x_ptrs, x_ok, w_mask, word, kcol,
         _issue_x(x_ring, nxt % STAGES, x_ptrs, x_ok, kcol, k_start + nxt * BLOCK_K, k_end)
         async_copy.commit_group()
         xs = x_ring.index(slot).permute((1, 0))
-        a = _dequant(wa_ring.index(slot).load(WORD_LAYOUT), _ring_scales(sa_ring, slot), A_LAYOUT)
+        a = dequant(wa_ring.index(slot).load(WORD_LAYOUT), _ring_scales(sa_ring, slot), A_LAYOUT)
         acc_a = warpgroup_mma(a, xs, acc_a, is_async=True)
         if TWO:
-            b = _dequant(wb_ring.index(slot).load(WORD_LAYOUT), _ring_scales(sb_ring, slot), A_LAYOUT)
+            b = dequant(wb_ring.index(slot).load(WORD_LAYOUT), _ring_scales(sb_ring, slot), A_LAYOUT)
             acc_b = warpgroup_mma(b, xs, acc_b, is_async=True)
             acc_a, acc_b = warpgroup_mma_wait(0, deps=[acc_a, acc_b, a, b])[:2]
         else:

@@ -19,7 +19,7 @@ high nibbles the next 16, two dots per 32-column group, with no in-register inte
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import triton
@@ -44,6 +44,8 @@ class PreparedExperts:
     # True: w1/w2 are int32 words in MMA-fragment order, stored with s1/s2 tile-major
     # (mxfp4_fragments.py), for moe_gluon.py; w is then [E, rows/64, 64*K/8], s [E, rows/64, K steps, 64, 4].
     fragments: bool = False
+    # moe_gluon_ws.descriptors of (w1, s1) and of (w2, s2), made at the first launch that needs them
+    descriptors: tuple = field(default=(), repr=False, compare=False)
 
     @property
     def num_experts(self) -> int:

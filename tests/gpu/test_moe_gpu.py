@@ -67,11 +67,13 @@ def test_matches_float32_reference(layer, num_tokens: int, mode: str, kernel: st
 )
 @pytest.mark.parametrize("variant", ["default", "split", "max-split", "tile-8", "tile-16", "tile-32", "tile-64",
                                      "ring-2", "tile-16-ring-3", "tile-32-ring-4", "one-row-tile", "two-row-tiles",
-                                     "one-row-tile-max-split", "down-unsplit", "down-max-split"])
+                                     "one-row-tile-max-split", "down-unsplit", "down-max-split", "no-copy-warp",
+                                     "copy-warp-tile-32", "copy-warp-ring-2", "copy-warp-max-split"])
 def test_gluon_matches_float32_reference(layer, fragments, num_tokens: int, mode: str, variant: str) -> None:
     """K = 2880 ends on a 64-column tail step; 5000 tokens run as two chunks. The variants: K split
     (to 2 programs per SM, and to the most), each token tile, shared-memory rings of 2-4 steps, one
-    or two 64-row gate/up tiles per program, the down GEMM's K split alone."""
+    or two 64-row gate/up tiles per program, the down GEMM's K split alone, the K loops with and
+    without a copy warp (moe_gluon_ws.py)."""
     experts, _ = layer
     x = torch.randn(num_tokens, HIDDEN, device="cuda").bfloat16()
     weights, ids = random_routing(num_tokens, EXPERTS, TOP_K, mode, device="cuda")
@@ -83,7 +85,10 @@ def test_gluon_matches_float32_reference(layer, fragments, num_tokens: int, mode
               "tile-32-ring-4": {"block_t": 32, "stages": 4}, "one-row-tile": {"gate_up_tiles": 1},
               "two-row-tiles": {"gate_up_tiles": 2},
               "one-row-tile-max-split": {"gate_up_tiles": 1, "min_programs": 10**6},
-              "down-unsplit": {"down_min_programs": 1}, "down-max-split": {"down_min_programs": 10**6}}[variant]
+              "down-unsplit": {"down_min_programs": 1}, "down-max-split": {"down_min_programs": 10**6},
+              "no-copy-warp": {"ws": False}, "copy-warp-tile-32": {"block_t": 32, "gate_up_tiles": 1, "ws": True},
+              "copy-warp-ring-2": {"ws": True, "stages": 2},
+              "copy-warp-max-split": {"ws": True, "min_programs": 10**6, "down_min_programs": 10**6}}[variant]
     out = moe_gluon.fused_moe_gluon(x, weights.bfloat16(), ids, fragments, LIMIT, **kwargs)
     assert out.dtype == torch.bfloat16 and out.shape == (num_tokens, HIDDEN)
     assert torch.isfinite(out).all()
@@ -145,6 +150,9 @@ def test_gluon_small_shapes() -> None:
             out = moe_gluon.fused_moe_gluon(x, weights.bfloat16(), ids, prepared, LIMIT, stages=stages,
                                             gate_up_tiles=tiles)
             assert _rel_err(out, ref) < 1e-2, (stages, tiles)
+        for bt in (8, 16):  # the copy warp's loops (moe_gluon_ws.py)
+            out = moe_gluon.fused_moe_gluon(x, weights.bfloat16(), ids, prepared, LIMIT, bt, stages=stages, ws=True)
+            assert _rel_err(out, ref) < 1e-2, (stages, bt)
 
 
 @pytest.mark.parametrize("num_tokens,mode", [(600, "uniform"), (3000, "skewed"), (3000, "sparse")])
