@@ -126,7 +126,7 @@ AB_VARIANTS = {"router": ("cublas-router", "fused-router"), "moe": ("token-tiled
                "async": ("sync-steps", "async-steps"), "kernel": ("baseline-moe-kernel", "current-moe-kernel"),
                "linear": ("cublas-qkv-apart", "fused-qkv-small-m"),
                "gluon": ("triton-swapped-moe", "gluon-moe"), "pdl": ("no-pdl", "pdl"),
-               "prefetch": ("pdl-no-prefetch", "pdl-prefetch")}
+               "prefetch": ("pdl-no-prefetch", "pdl-prefetch"), "copy-warp": ("no-copy-warp", "copy-warp")}
 
 
 def set_variant(variant: str, baseline_path: str | None) -> None:
@@ -144,6 +144,7 @@ def set_variant(variant: str, baseline_path: str | None) -> None:
     fused_router.FUSED_MAX_TOKENS = 0 if variant == "cublas-router" else 128
     pdl.ENABLED = variant != "no-pdl"
     pdl.PREFETCH = variant != "pdl-no-prefetch"
+    moe_gluon.COPY_WARP = variant != "no-copy-warp"
     moe_swapped.MAX_TOKENS = 0 if variant == "token-tiled-moe" else 4096
     linear_triton.MAX_TOKENS = 0 if variant == "cublas-qkv-apart" else 32
     fuse = CURRENT.setdefault("fuse", (GptOssForCausalLM.fuse_qkv,))[0]
@@ -179,7 +180,8 @@ def main() -> None:
                          "(an older moe_swapped.py, --baseline, vs the current one) or gluon (the Triton swapped "
                          "kernel vs the Gluon one) or pdl (kernels launched one after the other vs with "
                          "programmatic dependent launch, ops/pdl.py) or prefetch (with PDL, the kernels "
-                         "without vs with their L2 prefetches before the wait)")
+                         "without vs with their L2 prefetches before the wait) or copy-warp (the MoE's K loops "
+                         "without vs with a copy warp at batch 1-2, moe_gluon_ws.py)")
     ap.add_argument("--baseline", default=None, help="for --ab kernel: the older moe_swapped.py")
     args = ap.parse_args()
     rows, results = [], {}

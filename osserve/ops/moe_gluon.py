@@ -241,6 +241,7 @@ GATE_UP_TILES_BY_BLOCK_T = {8: 1, 16: 1, 32: 2, 64: 2}
 # 170.9 / 160.6. With more programs (several waves of three an SM) the copy warp's loop loses.
 WS_BLOCK_T = (8, 16)
 WS_PROGRAMS_PER_SM = 8
+COPY_WARP = True  # the switch bench_decode.py --ab copy-warp flips; read at launch
 
 
 def fused_moe_gluon(
@@ -296,7 +297,7 @@ def fused_moe_gluon(
     splits1, per_split1 = split_k(used_t_blocks * w_blocks1, hidden, int(BLOCK_K), min_programs)
     part = torch.empty(splits1, rows, 2 * inter, dtype=torch.float32, device=x.device) if splits1 > 1 else act
     if ws is None:
-        ws = bt in WS_BLOCK_T and used_t_blocks * w_blocks1 <= WS_PROGRAMS_PER_SM * sms
+        ws = COPY_WARP and bt in WS_BLOCK_T and used_t_blocks * w_blocks1 <= WS_PROGRAMS_PER_SM * sms
     ws_up = ws and gate_up_tiles == 1
     d1 = d2 = (None, None, None)
     if ws:

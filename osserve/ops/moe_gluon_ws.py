@@ -126,50 +126,87 @@ def _copy_partition(w_desc, t_desc, s_desc, word0, scale0, x_ptr, stride_xm, sor
         async_copy.mbarrier_arrive(ready.index(i), increment_count=False)
 
 
-@gluon.jit
-def _words(w_ring, t_buf, i, tail):
-    """A slot's [64, 16] words in WORD_LAYOUT; the tail step's from t_buf, b2 = 1 zero."""
-    if tail:
-        t = t_buf._reinterpret(gl.int32, [64, 8], RING_LAYOUT).load(TAIL_LAYOUT)
-        t = gl.reshape(t, [64, 4, 2])  # [row, q, jw]
-        t = gl.permute(gl.join(t, gl.zeros_like(t)), [0, 1, 3, 2])  # [row, q, b2, jw]
-        words = gl.convert_layout(gl.reshape(t, [64, 16]), WORD_LAYOUT, assert_trivial=True)
-    else:
-        words = w_ring.index(i)._reinterpret(gl.int32, [64, 16], RING_LAYOUT).load(WORD_LAYOUT)
-    return words
+# Four bf16x2 scales 2^(s_j - 63) from one word of four E8M0 bytes s_j (pack=4: the four are a row's
+# scales j = 0..3 in register order, so $4 is the row's word): byte j zero-extended, then
+# (s + 64) << 7 into both halves.
+SCALES_PTX = gl.constexpr("""{
+prmt.b32 $0, $4, 0, 0x4440;
+mad.lo.u32 $0, $0, 0x00800080, 0x20002000;
+prmt.b32 $1, $4, 0, 0x4441;
+mad.lo.u32 $1, $1, 0x00800080, 0x20002000;
+prmt.b32 $2, $4, 0, 0x4442;
+mad.lo.u32 $2, $2, 0x00800080, 0x20002000;
+prmt.b32 $3, $4, 0, 0x4443;
+mad.lo.u32 $3, $3, 0x00800080, 0x20002000;
+}""")
 
 
 @gluon.jit
-def _scales(s_ring, i):
-    """A slot's [64, 4] E8M0 scales -> [64, 16] bf16x2 2^(s - 63) in WORD_LAYOUT: word 4q + j of a
-    row takes the row's scale j, so a thread reads each of its two rows' four bytes as one word."""
-    row_words = s_ring.index(i)._reinterpret(gl.int32, [64], gl.SwizzledSharedLayout(1, 1, 1, [0]))
+def _scales(s_buf):
+    """A slot's [64, 4] E8M0 scales -> [64, 16] bf16x2 scales in WORD_LAYOUT: word 4q + j of a row takes
+    the row's scale j, so a thread reads each of its two rows' four bytes as one word."""
+    row_words = s_buf._reinterpret(gl.int32, [64], gl.SwizzledSharedLayout(1, 1, 1, [0]))
     sw = gl.expand_dims(row_words.load(gl.SliceLayout(1, WORD_LAYOUT)), 1)  # [64, 1]
-    j = gl.arange(0, 16, layout=gl.SliceLayout(0, WORD_LAYOUT)) % 4
-    s16 = (((sw >> (8 * j)[None, :]) & 0xFF) + 64) << 7  # E8M0 s -> bf16 2^(s + 64 - 127)
-    return s16 | (s16 << 16)
+    sw = gl.broadcast(sw, gl.zeros([64, 16], gl.int32, WORD_LAYOUT))[0]
+    return gl.inline_asm_elementwise(SCALES_PTX, "=r,=r,=r,=r,r,r,r,r", [sw], dtype=gl.int32, is_pure=True, pack=4)
+
+
+@gluon.jit
+def _operand(w_ring, s_ring, ready, j, STAGES: gl.constexpr, A_LAYOUT: gl.constexpr):
+    """Step j's dequantised weights, once its slot is ready."""
+    i = j % STAGES
+    mbarrier.wait(ready.index(i), (j // STAGES) & 1)
+    words = w_ring.index(i)._reinterpret(gl.int32, [64, 16], RING_LAYOUT).load(WORD_LAYOUT)
+    scales = _scales(s_ring.index(i))
+    # The activations came by cp.async (generic proxy) and the MMA reads them (async proxy); the
+    # reads above must be done before the slot's next TMA (async proxy) overwrites it.
+    fence_async_shared()
+    return dequant(words, scales, A_LAYOUT)
+
+
+@gluon.jit
+def _tail_operand(t_buf, s_ring, ready, j, STAGES: gl.constexpr, A_LAYOUT: gl.constexpr):
+    """_operand for K's 64-column tail step, whose [64, 8] words are in t_buf (b2 = 1 zero)."""
+    i = j % STAGES
+    mbarrier.wait(ready.index(i), (j // STAGES) & 1)
+    t = t_buf._reinterpret(gl.int32, [64, 8], RING_LAYOUT).load(TAIL_LAYOUT)
+    t = gl.reshape(t, [64, 4, 2])  # [row, q, jw]
+    t = gl.permute(gl.join(t, gl.zeros_like(t)), [0, 1, 3, 2])  # [row, q, b2, jw]
+    words = gl.convert_layout(gl.reshape(t, [64, 16]), WORD_LAYOUT, assert_trivial=True)
+    scales = _scales(s_ring.index(i))
+    fence_async_shared()
+    return dequant(words, scales, A_LAYOUT)
 
 
 @gluon.jit
 def _mma_partition(w_ring, t_buf, s_ring, x_ring, ready, empty, k_start, k_end, K,
                    BLOCK_T: gl.constexpr, STAGES: gl.constexpr):
-    """The MMA warpgroup: the [64, BLOCK_T] float32 accumulator over [k_start, k_end)."""
+    """The MMA warpgroup: the [64, BLOCK_T] float32 accumulator over [k_start, k_end). Steps go in
+    pairs: the second is dequantised while the first's MMA runs (the accumulator is not left in
+    flight across the loop's back edge, where ptxas would serialise the MMAs: NOTES-moe.md)."""
     MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_T, 16])
     A_LAYOUT: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=2)
     acc = gl.zeros([64, BLOCK_T], gl.float32, MMA)
-    num_steps = gl.cdiv(k_end - k_start, BLOCK_K)
-    for j in range(num_steps):
-        i = j % STAGES
-        mbarrier.wait(ready.index(i), (j // STAGES) & 1)
-        words = _words(w_ring, t_buf, i, k_start + (j + 1) * BLOCK_K > K)
-        scales = _scales(s_ring, i)
-        # The activations came by cp.async (generic proxy) and the MMA reads them (async proxy); the
-        # reads above must be done before the slot's next TMA (async proxy) overwrites it.
-        fence_async_shared()
-        a = dequant(words, scales, A_LAYOUT)
-        acc = warpgroup_mma(a, x_ring.index(i).permute((1, 0)), acc, is_async=True)
+    full_end = gl.minimum(k_end, K // BLOCK_K * BLOCK_K)
+    num_full = gl.cdiv(gl.maximum(full_end - k_start, 0), BLOCK_K)
+    for j in range(0, num_full - 1, 2):
+        a = _operand(w_ring, s_ring, ready, j, STAGES, A_LAYOUT)
+        acc = warpgroup_mma(a, x_ring.index(j % STAGES).permute((1, 0)), acc, is_async=True)
+        b = _operand(w_ring, s_ring, ready, j + 1, STAGES, A_LAYOUT)
+        acc = warpgroup_mma(b, x_ring.index((j + 1) % STAGES).permute((1, 0)), acc, is_async=True)
+        acc = warpgroup_mma_wait(0, deps=[acc, a, b])[0]
+        mbarrier.arrive(empty.index(j % STAGES), count=1)
+        mbarrier.arrive(empty.index((j + 1) % STAGES), count=1)
+    if num_full % 2 == 1:
+        j = num_full - 1
+        a = _operand(w_ring, s_ring, ready, j, STAGES, A_LAYOUT)
+        acc = warpgroup_mma(a, x_ring.index(j % STAGES).permute((1, 0)), acc, is_async=True)
         acc = warpgroup_mma_wait(0, deps=[acc, a])[0]
-        mbarrier.arrive(empty.index(i), count=1)
+        mbarrier.arrive(empty.index(j % STAGES), count=1)
+    if k_end > full_end:  # the tail step (the last; no slot to hand back)
+        a = _tail_operand(t_buf, s_ring, ready, num_full, STAGES, A_LAYOUT)
+        acc = warpgroup_mma(a, x_ring.index(num_full % STAGES).permute((1, 0)), acc, is_async=True)
+        acc = warpgroup_mma_wait(0, deps=[acc, a])[0]
     return (acc,)  # warp_specialize takes the default partition's results as a tuple
 
 
