@@ -29,45 +29,31 @@ TOKENS = (1, 8)
 
 
 @triton.jit
-def _tma_kernel(x_ptr, w_desc, out_ptr, M, N, K, stride_xm, stride_os, k_per_split,
-                BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
-                NUM_STAGES: tl.constexpr):  # noqa: ANN001
+def _variant_kernel(x_ptr, w, out_ptr, M, N, K, stride_xm, stride_os, k_per_split,
+                    BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
+                    NUM_STAGES: tl.constexpr, TMA: tl.constexpr):  # noqa: ANN001
+    """float32 partials of x · wᵀ; w: a TensorDescriptor of the row-major weight (TMA), or the weight
+    tile-major, [N/BN, K/BK, BN, BK] (K a multiple of BK there)."""
     pid = tl.program_id(0)
     split = tl.program_id(1)
     rm = tl.arange(0, BLOCK_M)
     m_ok = rm < M
     k_start = split * k_per_split
     k_end = tl.minimum(k_start + k_per_split, K)
+    tile = w
+    if not TMA:
+        tile = w + pid.to(tl.int64) * BLOCK_N * K + (tl.arange(0, BLOCK_N) * BLOCK_K)[:, None] \
+            + tl.arange(0, BLOCK_K)[None, :]
     acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
     for k in tl.range(k_start, k_end, BLOCK_K, num_stages=NUM_STAGES):
         rk = k + tl.arange(0, BLOCK_K)
-        w = w_desc.load([pid * BLOCK_N, k])  # past K: zeros
+        if TMA:
+            w_tile = w.load([pid * BLOCK_N, k])  # past K: zeros
+        else:
+            w_tile = tl.load(tile + k * BLOCK_N)
         x = tl.load(x_ptr + rm[None, :] * stride_xm + rk[:, None], mask=m_ok[None, :] & (rk < k_end)[:, None],
                     other=0.0)
-        acc = tl.dot(w, x, acc)
-    rn = pid * BLOCK_N + tl.arange(0, BLOCK_N)
-    tl.store(out_ptr + split * stride_os + rm[None, :] * N + rn[:, None], acc, mask=(rn < N)[:, None] & m_ok[None, :])
-
-
-@triton.jit
-def _tiled_kernel(x_ptr, w_ptr, out_ptr, M, N, K, stride_xm, stride_os, k_per_split,
-                  BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
-                  NUM_STAGES: tl.constexpr):  # noqa: ANN001
-    """w tile-major [N/BN, K/BK, BN, BK] (K a multiple of BK here)."""
-    pid = tl.program_id(0)
-    split = tl.program_id(1)
-    rm = tl.arange(0, BLOCK_M)
-    m_ok = rm < M
-    k_start = split * k_per_split
-    k_end = tl.minimum(k_start + k_per_split, K)
-    tile = w_ptr + pid.to(tl.int64) * BLOCK_N * K + (tl.arange(0, BLOCK_N) * BLOCK_K)[:, None] \
-        + tl.arange(0, BLOCK_K)[None, :]
-    acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
-    for k in tl.range(k_start, k_end, BLOCK_K, num_stages=NUM_STAGES):
-        rk = k + tl.arange(0, BLOCK_K)
-        w = tl.load(tile + k * BLOCK_N)
-        x = tl.load(x_ptr + rm[None, :] * stride_xm + rk[:, None], mask=m_ok[None, :], other=0.0)
-        acc = tl.dot(w, x, acc)
+        acc = tl.dot(w_tile, x, acc)
     rn = pid * BLOCK_N + tl.arange(0, BLOCK_N)
     tl.store(out_ptr + split * stride_os + rm[None, :] * N + rn[:, None], acc, mask=(rn < N)[:, None] & m_ok[None, :])
 
@@ -94,9 +80,9 @@ def launch(kind: str, x: torch.Tensor, w: torch.Tensor, n: int, k: int, bn: int,
     k_per_split = triton.cdiv(triton.cdiv(k, splits), bk) * bk
     splits = triton.cdiv(k, k_per_split)
     out = torch.empty(splits, m, n, dtype=torch.float32, device=x.device)
-    kernel = _tma_kernel if kind == "tma" else _tiled_kernel
-    kernel[(triton.cdiv(n, bn), splits)](x, w, out, m, n, k, x.stride(0), out.stride(0), k_per_split,
-                                          BLOCK_N=bn, BLOCK_M=16, BLOCK_K=bk, NUM_STAGES=stages, num_warps=4)
+    _variant_kernel[(triton.cdiv(n, bn), splits)](x, w, out, m, n, k, x.stride(0), out.stride(0), k_per_split,
+                                                   BLOCK_N=bn, BLOCK_M=16, BLOCK_K=bk, NUM_STAGES=stages,
+                                                   TMA=kind == "tma", num_warps=4)
     return out
 
 

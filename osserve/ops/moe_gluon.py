@@ -4,8 +4,8 @@ Same plan as moe_swapped.py (W @ X^T: weights are the warpgroup MMA's left opera
 slots its N; routing plan from moe_align.py; split K at small grids; same epilogues), but written
 in Gluon, where the register layouts are ours to state. The K loop (moe_gluon_loop.py) copies each
 step's weights, scales and activations into a shared-memory ring with cp.async and dequantises the
-weights into exactly the MMA's operand registers; here are the two GEMM kernels, their epilogues
-and their launch:
+weights into exactly the MMA's operand registers (at batch 1-2, moe_gluon_ws.py's loop instead: a
+copy warp fills the ring by TMA); here are the two GEMM kernels, their epilogues and their launch:
 - gate/up rows are paired (mxfp4_fragments.pair_eights), so each 64-row tile yields 32 finished
   SwiGLU columns: a program takes one tile (small batches: twice the programs) or two (one
   128-deep async MMA per tile per K step, the second tile's dequantisation overlapping the first's
