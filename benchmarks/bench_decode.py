@@ -126,7 +126,10 @@ AB_VARIANTS = {"router": ("cublas-router", "fused-router"), "moe": ("token-tiled
                "async": ("sync-steps", "async-steps"), "kernel": ("baseline-moe-kernel", "current-moe-kernel"),
                "linear": ("cublas-qkv-apart", "fused-qkv-small-m"),
                "gluon": ("triton-swapped-moe", "gluon-moe"), "pdl": ("no-pdl", "pdl"),
-               "prefetch": ("pdl-no-prefetch", "pdl-prefetch"), "copy-warp": ("no-copy-warp", "copy-warp")}
+               "prefetch": ("pdl-no-prefetch", "pdl-prefetch"), "copy-warp": ("no-copy-warp", "copy-warp"),
+               "router-splits": ("router-splits-8", "router-splits-1", "router-splits-2", "router-splits-4",
+                                 "router-splits-16"),
+               "router-splits-more": ("router-splits-8", "router-splits-16", "router-splits-32", "router-splits-45")}
 
 
 def set_variant(variant: str, baseline_path: str | None) -> None:
@@ -142,6 +145,8 @@ def set_variant(variant: str, baseline_path: str | None) -> None:
     from benchmarks.bench_moe_decode import load_baseline
 
     fused_router.FUSED_MAX_TOKENS = 0 if variant == "cublas-router" else 128
+    one_block = int(variant.rsplit("-", 1)[1]) if variant.startswith("router-splits") else 32
+    fused_router.H_SPLITS_ONE_BLOCK = one_block
     pdl.ENABLED = variant != "no-pdl"
     pdl.PREFETCH = variant != "pdl-no-prefetch"
     moe_gluon.COPY_WARP = variant != "no-copy-warp"
@@ -181,7 +186,9 @@ def main() -> None:
                          "kernel vs the Gluon one) or pdl (kernels launched one after the other vs with "
                          "programmatic dependent launch, ops/pdl.py) or prefetch (with PDL, the kernels "
                          "without vs with their L2 prefetches before the wait) or copy-warp (the MoE's K loops "
-                         "without vs with a copy warp at batch 1-2, moe_gluon_ws.py)")
+                         "without vs with a copy warp at batch 1-2, moe_gluon_ws.py) or router-splits / "
+                         "router-splits-more (the fused router's H splits for one token block: 8, then 1, 2, 4, "
+                         "16; 8, 16, 32, 45)")
     ap.add_argument("--baseline", default=None, help="for --ab kernel: the older moe_swapped.py")
     args = ap.parse_args()
     rows, results = [], {}

@@ -15,10 +15,11 @@ from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
+import triton
 from triton.testing import do_bench
 
 from osserve.ops.router import route_reference, router_counters
-from osserve.ops.router_gemm_triton import default_split, router_gemm_topk_triton
+from osserve.ops.router_gemm_triton import BLOCK_T, default_split, router_gemm_topk_triton
 from osserve.ops.router_triton import topk_softmax_triton
 
 HIDDEN, TOP_K = 2880, 4
@@ -97,7 +98,7 @@ def main() -> None:
     for e in EXPERTS:
         for t in TOKENS:
             times, by_split = bench(t, e)
-            rows.append((e, t, default_split(HIDDEN), *times))
+            rows.append((e, t, default_split(HIDDEN, triton.cdiv(t, BLOCK_T)), *times))
             sweep.append((e, t, by_split))
     print(f"\n{torch.cuda.get_device_name()}, bf16, H={HIDDEN}, top-{TOP_K}; eager do_bench medians and "
           f"per-call time inside a CUDA graph of {GRAPH_CALLS} calls (µs)")

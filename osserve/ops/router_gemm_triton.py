@@ -46,8 +46,14 @@ MAX_EXPERTS = 256  # [BLOCK_T, BLOCK_E] fp32 tiles stay in registers
 BLOCK_T = 16  # tl.dot's minimum M; rows past T are masked (their loads cost nothing)
 BLOCK_H = 64
 # H splits per token block. Measured on an H100 (benchmarks/bench_router.py, 2026-11-22), 8 was
-# the fastest at every T in 1..128 for E=32 and E=128 (1, 4, 16, 32, 45 were all slower).
+# the fastest at every T in 1..128 for E=32 and E=128 (1, 4, 16, 32, 45 were all slower), the
+# router then alone. Since it takes the norm and builds the plan behind a PDL wait, one token block
+# (decode up to 16 tokens) gains from more: H100, bench_decode.py --ab router-splits(-more), batch-1
+# median TPOT by H_SPLITS_ONE_BLOCK 1 / 2 / 4 / 8 / 16 / 32 / 45: 20b 2.344 / 2.091 / 1.990 / 1.937-1.938
+# / 1.915-1.919 / 1.911 / 1.924 ms; 120b (8 / 16 / 32 / 45) 2.824 / 2.780 / 2.775 / 2.879 ms. 32 rounds
+# to 23 splits of two BLOCK_H blocks at H = 2880.
 H_SPLITS = 8
+H_SPLITS_ONE_BLOCK = 32
 NORM_MAX_TOKENS = 4  # the norm's whole-row pass is unrolled over the tokens
 
 
@@ -164,9 +170,11 @@ def fits_fused_router(num_tokens: int, num_experts: int, top_k: int) -> bool:
     return num_tokens <= FUSED_MAX_TOKENS and num_experts <= MAX_EXPERTS and top_k & (top_k - 1) == 0
 
 
-def default_split(hidden: int) -> int:
-    """H splits per token block: H_SPLITS, at least one H block each."""
-    return max(1, min(H_SPLITS, triton.cdiv(hidden, BLOCK_H)))
+def default_split(hidden: int, token_blocks: int) -> int:
+    """H splits per token block: H_SPLITS_ONE_BLOCK for one token block, else H_SPLITS; at least one
+    H block each."""
+    splits = H_SPLITS_ONE_BLOCK if token_blocks == 1 else H_SPLITS
+    return max(1, min(splits, triton.cdiv(hidden, BLOCK_H)))
 
 
 def router_gemm_topk_triton(
@@ -247,7 +255,7 @@ def _launch(
     if t == 0:
         return weights, ids, plan
     token_blocks = triton.cdiv(t, BLOCK_T)
-    split = split or default_split(h)
+    split = split or default_split(h, token_blocks)
     # Whole BLOCK_H blocks per split, so only the last split sees a ragged end.
     h_per_split = triton.cdiv(triton.cdiv(h, split), BLOCK_H) * BLOCK_H
     split = triton.cdiv(h, h_per_split)
