@@ -129,7 +129,10 @@ AB_VARIANTS = {"router": ("cublas-router", "fused-router"), "moe": ("token-tiled
                "prefetch": ("pdl-no-prefetch", "pdl-prefetch"), "copy-warp": ("no-copy-warp", "copy-warp"),
                "router-splits": ("router-splits-8", "router-splits-1", "router-splits-2", "router-splits-4",
                                  "router-splits-16"),
-               "router-splits-more": ("router-splits-8", "router-splits-16", "router-splits-32", "router-splits-45")}
+               "router-splits-more": ("router-splits-8", "router-splits-16", "router-splits-32", "router-splits-45"),
+               "attn-partition": ("attn-partition-256", "attn-partition-128", "attn-partition-512",
+                                  "attn-partition-1024"),
+               "down-per-sm": ("down-per-sm-2", "down-per-sm-1", "down-per-sm-3", "down-per-sm-4")}
 
 
 def set_variant(variant: str, baseline_path: str | None) -> None:
@@ -147,6 +150,9 @@ def set_variant(variant: str, baseline_path: str | None) -> None:
     fused_router.FUSED_MAX_TOKENS = 0 if variant == "cublas-router" else 128
     one_block = int(variant.rsplit("-", 1)[1]) if variant.startswith("router-splits") else 32
     fused_router.H_SPLITS_ONE_BLOCK = one_block
+    import osserve.ops.attention_triton_decode as decode_attention
+    decode_attention.MIN_PARTITION = int(variant.rsplit("-", 1)[1]) if variant.startswith("attn-partition") else 256
+    moe_gluon.DOWN_PROGRAMS_PER_SM = int(variant.rsplit("-", 1)[1]) if variant.startswith("down-per-sm") else 2
     pdl.ENABLED = variant != "no-pdl"
     pdl.PREFETCH = variant != "pdl-no-prefetch"
     moe_gluon.COPY_WARP = variant != "no-copy-warp"
@@ -188,7 +194,9 @@ def main() -> None:
                          "without vs with their L2 prefetches before the wait) or copy-warp (the MoE's K loops "
                          "without vs with a copy warp at batch 1-2, moe_gluon_ws.py) or router-splits / "
                          "router-splits-more (the fused router's H splits for one token block: 8, then 1, 2, 4, "
-                         "16; 8, 16, 32, 45)")
+                         "16; 8, 16, 32, 45) or attn-partition (decode attention's MIN_PARTITION: 256, then "
+                         "128, 512, 1024) or down-per-sm (the down GEMM's K split to 2, then 1, 3, 4 programs an "
+                         "SM)")
     ap.add_argument("--baseline", default=None, help="for --ab kernel: the older moe_swapped.py")
     args = ap.parse_args()
     rows, results = [], {}
