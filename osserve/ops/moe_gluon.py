@@ -235,10 +235,10 @@ DOWN_PROGRAMS_PER_SM = 2
 GATE_UP_TILES_BY_BLOCK_T = {8: 1, 16: 1, 32: 2, 64: 2}
 # The K loops with a copy warp (moe_gluon_ws.py) where the gate/up grid is at most WS_PROGRAMS_PER_SM
 # programs an SM by used_tiles' bound (8- and 16-token tiles, one tile a program): batch 1 (450 on 132
-# SMs) and 2 (810), not 4 (1,620). H100, bench_moe_gluon.py --ab-ws, µs a
-# layer with / without: 20b T=1 35.3 / 35.9, T=2 (720 programs) 56.5 / 67.7, T=4 (1,440) 90.0 / 94.5,
-# T=8 135.2 / 135.2, T=32 179.3 / 165.8; 120b T=1 38.7 / 39.4, T=2 59.5 / 72.3, T=4 104.9 / 104.0, T=8
-# 170.9 / 160.6. With more programs (several waves of three an SM) the copy warp's loop loses.
+# SMs) and 2 (810), not 4 (1,620). H100, bench_moe_gluon.py --ab-ws, µs a layer with / without: 20b
+# T=1 34.4 / 35.9, T=2 55.0 / 67.6; 120b T=1 38.0 / 39.2, T=2 58.5 / 72.1. Forced at every size, it
+# lost from 8 tokens on (20b T=32 179.3 / 165.8, 120b T=8 170.9 / 160.6), where the grid runs several
+# waves of three programs an SM (BENCHMARKS.md, fifteenth session).
 WS_BLOCK_T = (8, 16)
 WS_PROGRAMS_PER_SM = 8
 COPY_WARP = True  # the switch bench_decode.py --ab copy-warp flips; read at launch
