@@ -154,28 +154,21 @@ def _scales(s_buf):
 
 
 @gluon.jit
-def _operand(w_ring, s_ring, ready, j, STAGES: gl.constexpr, A_LAYOUT: gl.constexpr):
-    """Step j's dequantised weights, once its slot is ready."""
+def _operand(w_ring, t_buf, s_ring, ready, j, STAGES: gl.constexpr, A_LAYOUT: gl.constexpr, TAIL: gl.constexpr):
+    """Step j's dequantised weights, once its slot is ready. TAIL: K's 64-column tail step, whose
+    [64, 8] words are in t_buf (b2 = 1 zero)."""
     i = j % STAGES
     mbarrier.wait(ready.index(i), (j // STAGES) & 1)
-    words = w_ring.index(i)._reinterpret(gl.int32, [64, 16], RING_LAYOUT).load(WORD_LAYOUT)
+    if TAIL:
+        t = t_buf._reinterpret(gl.int32, [64, 8], RING_LAYOUT).load(TAIL_LAYOUT)
+        t = gl.reshape(t, [64, 4, 2])  # [row, q, jw]
+        t = gl.permute(gl.join(t, gl.zeros_like(t)), [0, 1, 3, 2])  # [row, q, b2, jw]
+        words = gl.convert_layout(gl.reshape(t, [64, 16]), WORD_LAYOUT, assert_trivial=True)
+    else:
+        words = w_ring.index(i)._reinterpret(gl.int32, [64, 16], RING_LAYOUT).load(WORD_LAYOUT)
     scales = _scales(s_ring.index(i))
     # The activations came by cp.async (generic proxy) and the MMA reads them (async proxy); the
     # reads above must be done before the slot's next TMA (async proxy) overwrites it.
-    fence_async_shared()
-    return dequant(words, scales, A_LAYOUT)
-
-
-@gluon.jit
-def _tail_operand(t_buf, s_ring, ready, j, STAGES: gl.constexpr, A_LAYOUT: gl.constexpr):
-    """_operand for K's 64-column tail step, whose [64, 8] words are in t_buf (b2 = 1 zero)."""
-    i = j % STAGES
-    mbarrier.wait(ready.index(i), (j // STAGES) & 1)
-    t = t_buf._reinterpret(gl.int32, [64, 8], RING_LAYOUT).load(TAIL_LAYOUT)
-    t = gl.reshape(t, [64, 4, 2])  # [row, q, jw]
-    t = gl.permute(gl.join(t, gl.zeros_like(t)), [0, 1, 3, 2])  # [row, q, b2, jw]
-    words = gl.convert_layout(gl.reshape(t, [64, 16]), WORD_LAYOUT, assert_trivial=True)
-    scales = _scales(s_ring.index(i))
     fence_async_shared()
     return dequant(words, scales, A_LAYOUT)
 
@@ -192,21 +185,21 @@ def _mma_partition(w_ring, t_buf, s_ring, x_ring, ready, empty, k_start, k_end, 
     full_end = gl.minimum(k_end, K // BLOCK_K * BLOCK_K)
     num_full = gl.cdiv(gl.maximum(full_end - k_start, 0), BLOCK_K)
     for j in range(0, num_full - 1, 2):
-        a = _operand(w_ring, s_ring, ready, j, STAGES, A_LAYOUT)
+        a = _operand(w_ring, t_buf, s_ring, ready, j, STAGES, A_LAYOUT, False)
         acc = warpgroup_mma(a, x_ring.index(j % STAGES).permute((1, 0)), acc, is_async=True)
-        b = _operand(w_ring, s_ring, ready, j + 1, STAGES, A_LAYOUT)
+        b = _operand(w_ring, t_buf, s_ring, ready, j + 1, STAGES, A_LAYOUT, False)
         acc = warpgroup_mma(b, x_ring.index((j + 1) % STAGES).permute((1, 0)), acc, is_async=True)
         acc = warpgroup_mma_wait(0, deps=[acc, a, b])[0]
         mbarrier.arrive(empty.index(j % STAGES), count=1)
         mbarrier.arrive(empty.index((j + 1) % STAGES), count=1)
     if num_full % 2 == 1:
         j = num_full - 1
-        a = _operand(w_ring, s_ring, ready, j, STAGES, A_LAYOUT)
+        a = _operand(w_ring, t_buf, s_ring, ready, j, STAGES, A_LAYOUT, False)
         acc = warpgroup_mma(a, x_ring.index(j % STAGES).permute((1, 0)), acc, is_async=True)
         acc = warpgroup_mma_wait(0, deps=[acc, a])[0]
         mbarrier.arrive(empty.index(j % STAGES), count=1)
     if k_end > full_end:  # the tail step (the last; no slot to hand back)
-        a = _tail_operand(t_buf, s_ring, ready, num_full, STAGES, A_LAYOUT)
+        a = _operand(w_ring, t_buf, s_ring, ready, num_full, STAGES, A_LAYOUT, True)
         acc = warpgroup_mma(a, x_ring.index(num_full % STAGES).permute((1, 0)), acc, is_async=True)
         acc = warpgroup_mma_wait(0, deps=[acc, a])[0]
     return (acc,)  # warp_specialize takes the default partition's results as a tuple
