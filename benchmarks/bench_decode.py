@@ -139,6 +139,7 @@ def set_variant(variant: str, baseline_path: str | None) -> None:
     """The A/B switches, for this script only: module-level names the dispatchers read per call.
     baseline-moe-kernel runs an older moe_swapped.py (bench_moe_decode.load_baseline) on
     row-major scales in place of the current swapped kernel."""
+    import osserve.ops.attention_triton_decode as decode_attention
     import osserve.ops.linear_triton as linear_triton
     import osserve.ops.moe_gluon as moe_gluon
     import osserve.ops.moe_swapped as moe_swapped
@@ -148,11 +149,13 @@ def set_variant(variant: str, baseline_path: str | None) -> None:
     from benchmarks.bench_moe_decode import load_baseline
 
     fused_router.FUSED_MAX_TOKENS = 0 if variant == "cublas-router" else 128
-    one_block = int(variant.rsplit("-", 1)[1]) if variant.startswith("router-splits") else 32
-    fused_router.H_SPLITS_ONE_BLOCK = one_block
-    import osserve.ops.attention_triton_decode as decode_attention
-    decode_attention.MIN_PARTITION = int(variant.rsplit("-", 1)[1]) if variant.startswith("attn-partition") else 256
-    moe_gluon.DOWN_PROGRAMS_PER_SM = int(variant.rsplit("-", 1)[1]) if variant.startswith("down-per-sm") else 2
+    # Numbered variants ("router-splits-16") set a module constant; the others restore its default.
+    numbered = {"router-splits-": (fused_router, "H_SPLITS_ONE_BLOCK"),
+                "attn-partition-": (decode_attention, "MIN_PARTITION"),
+                "down-per-sm-": (moe_gluon, "DOWN_PROGRAMS_PER_SM")}
+    for prefix, (module, name) in numbered.items():
+        default = CURRENT.setdefault(prefix, (getattr(module, name),))[0]
+        setattr(module, name, int(variant.removeprefix(prefix)) if variant.startswith(prefix) else default)
     pdl.ENABLED = variant != "no-pdl"
     pdl.PREFETCH = variant != "pdl-no-prefetch"
     moe_gluon.COPY_WARP = variant != "no-copy-warp"
