@@ -20,6 +20,7 @@ from collections import defaultdict
 
 import torch
 
+from benchmarks import router_parts
 from osserve.bench.latency import LatencyResult, run_once
 from osserve.config import preset
 from osserve.engine.load import EngineArgs, build_engine
@@ -132,7 +133,38 @@ AB_VARIANTS = {"router": ("cublas-router", "fused-router"), "moe": ("token-tiled
                "router-splits-more": ("router-splits-8", "router-splits-16", "router-splits-32", "router-splits-45"),
                "attn-partition": ("attn-partition-256", "attn-partition-128", "attn-partition-512",
                                   "attn-partition-1024"),
-               "down-per-sm": ("down-per-sm-2", "down-per-sm-1", "down-per-sm-3", "down-per-sm-4")}
+               "down-per-sm": ("down-per-sm-2", "down-per-sm-1", "down-per-sm-3", "down-per-sm-4"),
+               "prefetch-lines": ("prefetch-lines-8", "prefetch-lines-16", "prefetch-lines-32", "prefetch-lines-64"),
+               "leave-out": ("keep-all", "leave-out-input-norm", "leave-out-attention", "leave-out-router",
+                             "leave-out-moe")}
+
+
+def leave_out(variant: str) -> None:
+    """--ab leave-out: a stage of every decoder layer replaced by no kernel at all, so that the TPOT
+    difference is that stage's cost on the step's critical path in the CUDA graph, overlaps included
+    (the method the device notes give where there is no timeline profiler). The outputs are garbage:
+    for timing only. input-norm also drops the final norm (1 launch of 25); router returns the
+    routing (and plan) of its first call per batch size, so a graph captured first keeps one router."""
+    import osserve.model.gpt_oss as model
+
+    real = CURRENT.setdefault("leave-out", (model.add_rms_norm, model.paged_attention,
+                                            model.add_norm_route_with_plan, model.fused_moe))
+    model.add_rms_norm, model.paged_attention, model.add_norm_route_with_plan, model.fused_moe = real
+    routes: dict[int, tuple] = {}
+
+    def cached_route(a, residual, *args):  # type: ignore[no-untyped-def]
+        if residual.shape[0] not in routes:
+            routes[residual.shape[0]] = real[2](a, residual, *args)[2:]
+        return (residual, residual, *routes[residual.shape[0]])
+
+    if variant == "leave-out-input-norm":
+        model.add_rms_norm = lambda h, residual, weight, eps: (residual, residual)
+    elif variant == "leave-out-attention":
+        model.paged_attention = lambda q, *args: q
+    elif variant == "leave-out-router":
+        model.add_norm_route_with_plan = cached_route
+    elif variant == "leave-out-moe":
+        model.fused_moe = lambda x, *args, **kwargs: x.view(1, x.shape[0], 1, x.shape[1])
 
 
 def set_variant(variant: str, baseline_path: str | None) -> None:
@@ -152,10 +184,12 @@ def set_variant(variant: str, baseline_path: str | None) -> None:
     # Numbered variants ("router-splits-16") set a module constant; the others restore its default.
     numbered = {"router-splits-": (fused_router, "H_SPLITS_ONE_BLOCK"),
                 "attn-partition-": (decode_attention, "MIN_PARTITION"),
-                "down-per-sm-": (moe_gluon, "DOWN_PROGRAMS_PER_SM")}
+                "down-per-sm-": (moe_gluon, "DOWN_PROGRAMS_PER_SM"),
+                "prefetch-lines-": (linear_triton, "PREFETCH_LINES")}
     for prefix, (module, name) in numbered.items():
         default = CURRENT.setdefault(prefix, (getattr(module, name),))[0]
         setattr(module, name, int(variant.removeprefix(prefix)) if variant.startswith(prefix) else default)
+    leave_out(variant)
     pdl.ENABLED = variant != "no-pdl"
     pdl.PREFETCH = variant != "pdl-no-prefetch"
     moe_gluon.COPY_WARP = variant != "no-copy-warp"
@@ -199,11 +233,19 @@ def main() -> None:
                          "router-splits-more (the fused router's H splits for one token block: 8, then 1, 2, 4, "
                          "16; 8, 16, 32, 45) or attn-partition (decode attention's MIN_PARTITION: 256, then "
                          "128, 512, 1024) or down-per-sm (the down GEMM's K split to 2, then 1, 3, 4 programs an "
-                         "SM)")
+                         "SM) or prefetch-lines (the projections' L2 prefetch before the wait: 8, then 16, 32, 64 "
+                         "lines a row) or leave-out (each decoder layer without one stage: input norm, "
+                         "attention, router, MoE; garbage outputs, for each stage's cost on the critical path)")
+    ap.add_argument("--variant", default=None,
+                    help="one variant, in place of --ab's list: any --ab variant, or one of "
+                         f"router_parts.VARIANTS {', '.join(router_parts.VARIANTS)} (one per process)")
     ap.add_argument("--baseline", default=None, help="for --ab kernel: the older moe_swapped.py")
     args = ap.parse_args()
     rows, results = [], {}
-    runs = [(p, v) for p in args.presets.split(",") for v in (AB_VARIANTS[args.ab] if args.ab else ("",))]
+    variants = (args.variant,) if args.variant else AB_VARIANTS[args.ab] if args.ab else ("",)
+    if args.variant in router_parts.VARIANTS:
+        router_parts.apply(args.variant)
+    runs = [(p, v) for p in args.presets.split(",") for v in variants]
     for name, variant in runs:
         set_variant(variant, args.baseline)
         label = f"{name}/{variant}" if variant else name
