@@ -9,9 +9,7 @@ variant per process).
 
 - router-fixed-plan: build_plan -> stores of the plan of ids 0..k-1 (no loads, no reductions);
 - router-fixed-ids: the top-k + softmax -> stores of ids 0..k-1 (the logits still reduced once, so
-  the GEMM stays live); the plan built from them as usual;
-- router-wait-only: the whole kernel -> wait, let the dependents launch, store the fixed ids and
-  plan: what a router kernel costs that does nothing.
+  the GEMM stays live); the plan built from them as usual.
 """
 
 from __future__ import annotations
@@ -19,9 +17,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from osserve.ops.pdl import pdl_enter
-
-VARIANTS = ("router-fixed-plan", "router-fixed-ids", "router-wait-only")
+VARIANTS = ("router-fixed-plan", "router-fixed-ids")
 
 
 @triton.jit
@@ -51,39 +47,12 @@ def _fixed_ids(logits, b_ptr, alive, rows, row_ok, cols, col_ok, x_ptr, out_w_pt
     tl.store(out_ids_ptr + out, ids, mask=row_ok[:, None])
 
 
-@triton.jit
-def _wait_only_kernel(
-    x_ptr, w_ptr, b_ptr, part_ptr, cnt_ptr, out_w_ptr, out_ids_ptr,
-    sorted_ptr, block_expert_ptr, num_padded_ptr, max_padded, max_blocks,
-    num_tokens, hidden, stride_xt, stride_we, h_per_split, part_rows,
-    a_ptr, res_ptr, nw_ptr, sum_ptr, eps, stride_as, stride_at,
-    E: tl.constexpr, K: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_E: tl.constexpr,
-    BLOCK_H: tl.constexpr, SPLITS: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    PLAN: tl.constexpr, PLAN_BLOCK_M: tl.constexpr, E_P2: tl.constexpr, CHUNK: tl.constexpr,
-    NORM: tl.constexpr, NORM_ROWS: tl.constexpr, PARTS: tl.constexpr, BLOCK_ROW: tl.constexpr,
-    PDL: tl.constexpr, PREFETCH_LINES: tl.constexpr,
-):  # noqa: ANN001
-    """The router kernel's signature; the first program stores the fixed routing, nothing else runs."""
-    pdl_enter(PDL)
-    if tl.program_id(0) == 0 and tl.program_id(1) == 0:
-        rows = tl.arange(0, BLOCK_T)
-        cols = tl.arange(0, BLOCK_E)
-        row_ok = rows < num_tokens
-        _fixed_ids(tl.zeros([BLOCK_T, BLOCK_E], dtype=tl.float32), b_ptr, row_ok[:, None] & (cols < E)[None, :],
-                   rows, row_ok, cols, cols < E, x_ptr, out_w_ptr, out_ids_ptr, K, BLOCK_T, BLOCK_E)
-        if PLAN:
-            _fixed_plan(out_ids_ptr, sorted_ptr, block_expert_ptr, num_padded_ptr, num_tokens * K, max_padded,
-                        max_blocks, PLAN_BLOCK_M, E_P2, CHUNK)
-
-
 def apply(variant: str) -> None:
     """Swap the router part `variant` names (VARIANTS) before the router first compiles."""
     import osserve.ops.router_gemm_triton as router
 
     assert variant in VARIANTS, variant
-    if variant in ("router-fixed-plan", "router-wait-only"):
+    if variant == "router-fixed-plan":
         router.build_plan = _fixed_plan
-    if variant == "router-fixed-ids":
+    else:
         router._bias_topk_softmax = _fixed_ids
-    if variant == "router-wait-only":
-        router._router_gemm_topk_kernel = _wait_only_kernel
