@@ -26,6 +26,13 @@ too) and the residual. Every program first computes each token's whole-row RMS (
 most a few tens of KB, read from L2 by all SPLITS programs), then normalises its own H slice on
 the way into its MMAs, and writes that slice of the new residual and of the normed rows (the
 MoE's input). One launch, the norm's, fewer per layer.
+
+Behind the PDL wait (ops/pdl.py) the kernel is a chain of round trips: the rows, the partials'
+publication, the last program's read of them. So a program loads its first H block's weights and
+norm weights, which are constants, before the wait, and its first block's activations go out with
+the whole rows'. At decode (23 splits of one 128-column block at H = 2880) nothing but activations
+is then read after the wait. H100, batch-1 median TPOT (bench_decode.py, the tree before against
+this one, same call): 20b 1.911 -> 1.900 ms, with the staged step inputs 1.890-1.892.
 """
 
 from __future__ import annotations
@@ -44,14 +51,18 @@ from osserve.ops.router_triton import topk_softmax_rows
 
 MAX_EXPERTS = 256  # [BLOCK_T, BLOCK_E] fp32 tiles stay in registers
 BLOCK_T = 16  # tl.dot's minimum M; rows past T are masked (their loads cost nothing)
-BLOCK_H = 64
+# H columns per MMA block. A program loads its first block's weights before its PDL wait, so at
+# decode (one block a program) only the activations are left behind the wait; [128, E] bf16 stays
+# in registers up to 128 experts (gpt-oss: 32 and 128), above that half a block.
+BLOCK_H = 128
+BLOCK_H_MANY_EXPERTS = 64
 # H splits per token block. Measured on an H100 (benchmarks/bench_router.py, 2026-11-22), 8 was
 # the fastest at every T in 1..128 for E=32 and E=128 (1, 4, 16, 32, 45 were all slower), the
 # router then alone. Since it takes the norm and builds the plan behind a PDL wait, one token block
 # (decode up to 16 tokens) gains from more: H100, bench_decode.py --ab router-splits(-more), batch-1
 # median TPOT by H_SPLITS_ONE_BLOCK 1 / 2 / 4 / 8 / 16 / 32 / 45: 20b 2.344 / 2.091 / 1.990 / 1.937-1.938
 # / 1.915-1.919 / 1.911 / 1.924 ms; 120b (8 / 16 / 32 / 45) 2.824 / 2.780 / 2.775 / 2.879 ms. 32 rounds
-# to 23 splits of two BLOCK_H blocks at H = 2880.
+# to 23 splits of one 128-column block at H = 2880.
 H_SPLITS = 8
 H_SPLITS_ONE_BLOCK = 32
 NORM_MAX_TOKENS = 4  # the norm's whole-row pass is unrolled over the tokens
@@ -89,34 +100,45 @@ def _router_gemm_topk_kernel(
     w_cols = w_ptr + cols.to(tl.int64)[None, :] * stride_we
     h_start = pid_s * h_per_split
     h_end = tl.minimum(h_start + h_per_split, hidden)
-    # This program's weight slice (each expert's row from h_start) into L2 while the kernel before ends.
-    prefetch_rows(w_ptr + cols.to(tl.int64)[:, None] * stride_we, w_ptr, col_ok, h_start, h_end, PREFETCH_LINES)
+    # The first H block's weights (and norm weights) are constants: loaded before the wait, so
+    # that after it only the activations are a round trip away. Later blocks (more than one per
+    # split: small H splits) are loaded in the loop.
+    hs = h_start + tl.arange(0, BLOCK_H)
+    h_ok = hs < h_end
+    wb = tl.load(w_cols + hs[:, None], mask=h_ok[:, None] & col_ok[None, :], other=0.0)
+    nw = tl.zeros([BLOCK_H], dtype=tl.float32)
+    if NORM:
+        nw = tl.load(nw_ptr + hs, mask=h_ok, other=0.0).to(tl.float32)
+    # This program's weight slice past the first block into L2 while the kernel before ends.
+    prefetch_rows(w_ptr + cols.to(tl.int64)[:, None] * stride_we, w_ptr, col_ok, h_start + BLOCK_H, h_end,
+                  PREFETCH_LINES)
     pdl_enter(PDL)
     dtype = x_ptr.dtype.element_ty
+    rstd = tl.zeros([BLOCK_T], dtype=tl.float32)
     if NORM:  # each token's 1 / RMS over its whole row (one program per token block: pid_t = 0)
-        rstd = tl.zeros([BLOCK_T], dtype=tl.float32)
+        # The first block's new residual first: its loads go out with the whole rows' below.
+        first = _add_residual(a_ptr, res_ptr, sum_ptr, rows, row_ok, hs, h_ok, hidden, stride_as, stride_at,
+                              PARTS, dtype)
         row_cols = tl.arange(0, BLOCK_ROW)
         for r in tl.static_range(NORM_ROWS):
             if r < num_tokens:
                 whole_row = add_parts(a_ptr, res_ptr, r * stride_at + row_cols, r * hidden + row_cols,
                                       row_cols < hidden, stride_as, 0, PARTS, 1, dtype).to(tl.float32)
                 rstd = tl.where(rows == r, row_rstd(whole_row, hidden, eps), rstd)
-
-    acc = tl.zeros([BLOCK_T, BLOCK_E], dtype=tl.float32)
-    for h in range(h_start, h_end, BLOCK_H):
+        xb = _normed(first, nw, rstd, x_ptr, rows, row_ok, hs, h_ok, hidden, dtype)
+    else:
+        xb = tl.load(x_rows + hs[None, :], mask=row_ok[:, None] & h_ok[None, :], other=0.0)
+    acc = tl.dot(xb, wb, tl.zeros([BLOCK_T, BLOCK_E], dtype=tl.float32), input_precision=DOT_PRECISION)
+    for h in range(h_start + BLOCK_H, h_end, BLOCK_H):
         hs = h + tl.arange(0, BLOCK_H)
         h_ok = hs < h_end
-        ok = row_ok[:, None] & h_ok[None, :]
-        if NORM:  # this slice of the new residual and of the normed rows: written here, used here
-            tile = rows[:, None] * hidden + hs[None, :]
-            new_res = add_parts(a_ptr, res_ptr, rows[:, None] * stride_at + hs[None, :], tile, ok, stride_as, 0,
-                                PARTS, 1, dtype)
-            tl.store(sum_ptr + tile, new_res, mask=ok)
+        if NORM:
             nw = tl.load(nw_ptr + hs, mask=h_ok, other=0.0).to(tl.float32)
-            xb = (nw[None, :] * (new_res.to(tl.float32) * rstd[:, None])).to(dtype)  # as _add_rms_norm_kernel
-            tl.store(x_ptr + tile, xb, mask=ok)
+            new_res = _add_residual(a_ptr, res_ptr, sum_ptr, rows, row_ok, hs, h_ok, hidden, stride_as, stride_at,
+                                    PARTS, dtype)
+            xb = _normed(new_res, nw, rstd, x_ptr, rows, row_ok, hs, h_ok, hidden, dtype)
         else:
-            xb = tl.load(x_rows + hs[None, :], mask=ok, other=0.0)
+            xb = tl.load(x_rows + hs[None, :], mask=row_ok[:, None] & h_ok[None, :], other=0.0)
         wb = tl.load(w_cols + hs[:, None], mask=h_ok[:, None] & col_ok[None, :], other=0.0)
         acc = tl.dot(xb, wb, acc, input_precision=DOT_PRECISION)
 
@@ -141,6 +163,28 @@ def _router_gemm_topk_kernel(
         _finish(acc, b_ptr, alive, rows, row_ok, cols, col_ok, x_ptr, out_w_ptr, out_ids_ptr,
                 sorted_ptr, block_expert_ptr, num_padded_ptr, num_tokens, max_padded, max_blocks,
                 K, BLOCK_T, BLOCK_E, PLAN, PLAN_BLOCK_M, E_P2, CHUNK)
+
+
+@triton.jit
+def _add_residual(a_ptr, res_ptr, sum_ptr, rows, row_ok, hs, h_ok, hidden, stride_as, stride_at,
+                  PARTS: tl.constexpr, dtype: tl.constexpr):  # noqa: ANN001, ANN201
+    """The H block hs of the new residual a + residual [BLOCK_T, BLOCK_H], stored (this program
+    is the only one to write it) and returned."""
+    ok = row_ok[:, None] & h_ok[None, :]
+    tile = rows[:, None] * hidden + hs[None, :]
+    new_res = add_parts(a_ptr, res_ptr, rows[:, None] * stride_at + hs[None, :], tile, ok, stride_as, 0, PARTS, 1,
+                        dtype)
+    tl.store(sum_ptr + tile, new_res, mask=ok)
+    return new_res
+
+
+@triton.jit
+def _normed(new_res, nw, rstd, x_ptr, rows, row_ok, hs, h_ok, hidden, dtype: tl.constexpr):  # noqa: ANN001, ANN201
+    """The normed rows of an H block, as _add_rms_norm_kernel computes them, stored (the MoE's
+    input) and returned for the MMA."""
+    xb = (nw[None, :] * (new_res.to(tl.float32) * rstd[:, None])).to(dtype)
+    tl.store(x_ptr + rows[:, None] * hidden + hs[None, :], xb, mask=row_ok[:, None] & h_ok[None, :])
+    return xb
 
 
 @triton.jit
@@ -175,6 +219,11 @@ def default_split(hidden: int, token_blocks: int) -> int:
     H block each."""
     splits = H_SPLITS_ONE_BLOCK if token_blocks == 1 else H_SPLITS
     return max(1, min(splits, triton.cdiv(hidden, BLOCK_H)))
+
+
+def block_h(block_e: int) -> int:
+    """H columns per MMA block for BLOCK_E expert columns (BLOCK_H's comment)."""
+    return BLOCK_H if block_e <= 128 else BLOCK_H_MANY_EXPERTS
 
 
 def router_gemm_topk_triton(
@@ -256,10 +305,11 @@ def _launch(
         return weights, ids, plan
     token_blocks = triton.cdiv(t, BLOCK_T)
     split = split or default_split(h, token_blocks)
-    # Whole BLOCK_H blocks per split, so only the last split sees a ragged end.
-    h_per_split = triton.cdiv(triton.cdiv(h, split), BLOCK_H) * BLOCK_H
-    split = triton.cdiv(h, h_per_split)
+    # Whole H blocks per split, so only the last split sees a ragged end.
     block_e = max(16, triton.next_power_of_2(e))
+    h_block = block_h(block_e)
+    h_per_split = triton.cdiv(triton.cdiv(h, split), h_block) * h_block
+    split = triton.cdiv(h, h_per_split)
     part_rows = token_blocks * BLOCK_T
     if split > 1:
         partials = torch.empty(split * part_rows * block_e, dtype=torch.float32, device=x.device)
@@ -277,7 +327,7 @@ def _launch(
     _router_gemm_topk_kernel[(token_blocks, split)](
         x, weight, bias, partials, counters, weights, ids, *plan_args,
         t, h, x.stride(0), weight.stride(0), h_per_split, part_rows, *norm_args,
-        E=e, K=top_k, BLOCK_T=BLOCK_T, BLOCK_E=block_e, BLOCK_H=BLOCK_H, SPLITS=split,
+        E=e, K=top_k, BLOCK_T=BLOCK_T, BLOCK_E=block_e, BLOCK_H=h_block, SPLITS=split,
         # fp32 (CPU tests, fp32 models): no silent TF32; bf16 ignores the setting.
         DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
         PLAN=plan is not None, PLAN_BLOCK_M=plan_block_m or 16,
