@@ -21,7 +21,6 @@ from typing import Any
 import numpy as np
 import torch
 
-from osserve.engine.staged_inputs import BlockTableInput, Pending, StagedInputs
 from osserve.model.gpt_oss import GptOssForCausalLM, KVCache
 from osserve.ops.attention import AttentionMetadata, BlockTables
 
@@ -38,17 +37,12 @@ class DecodeGraphs:
         self.sizes = [s for s in DEFAULT_SIZES if s <= max_batch] or [1]
         n, dev = self.sizes[-1], next(model.parameters()).device
         width = math.ceil(max_model_len / block_size)
-        # The per-step inputs, one copy a step (staged_inputs.py); the block tables are copied apart
-        # (only their used width).
-        self.staged = StagedInputs(
-            {"input_ids": (np.int64, n), "positions": (np.int64, n), "seq_lens": (np.int32, n),
-             **{f"slots:{g}": (np.int64, n) for g in groups}, "pending_rows": (np.int64, n),
-             "pending_prev": (np.int64, n)}, dev)
-        views = self.staged.views
-        self.input_ids, self.positions, self.seq_lens = views["input_ids"], views["positions"], views["seq_lens"]
-        self.slots = {g: views[f"slots:{g}"].fill_(-1) for g in groups}  # capture writes no KV
+        self.input_ids = torch.zeros(n, dtype=torch.int64, device=dev)
+        self.positions = torch.zeros(n, dtype=torch.int64, device=dev)
+        self.seq_lens = torch.zeros(n, dtype=torch.int32, device=dev)
         self.query_start_loc = torch.arange(n + 1, dtype=torch.int32, device=dev)
-        self.tables = {g: BlockTableInput(n, width, dev) for g in groups}
+        self.tables = {g: torch.full((n, width), -1, dtype=torch.int32, device=dev) for g in groups}
+        self.slots = {g: torch.full((n,), -1, dtype=torch.int64, device=dev) for g in groups}
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.outputs: dict[int, torch.Tensor] = {}
         self.pool: Any = None
@@ -57,7 +51,7 @@ class DecodeGraphs:
         return AttentionMetadata(
             query_start_loc=self.query_start_loc[: b + 1], seq_lens=self.seq_lens[:b],
             query_lens_host=[1] * b, seq_lens_host=[self.max_model_len] * b,
-            groups={g: BlockTables(self.tables[g].tensor[:b], self.slots[g][:b]) for g in self.groups},
+            groups={g: BlockTables(self.tables[g][:b], self.slots[g][:b]) for g in self.groups},
         )
 
     @torch.inference_mode()
@@ -75,22 +69,23 @@ class DecodeGraphs:
         return bool(self.graphs) and batch <= self.sizes[-1]
 
     def run(self, input_ids: list[int], positions: list[int], seq_lens: list[int],
-            tables: dict[str, list[list[int]]], pending: Pending | None = None) -> torch.Tensor:
-        """Hidden states [len(input_ids), hidden] of one decode step. pending: the tokens still on
-        the device (async scheduling), written into the step's input ids there."""
+            tables: dict[str, list[list[int]]],
+            fill_pending: Callable[[torch.Tensor], None] | None = None) -> torch.Tensor:
+        """Hidden states [len(input_ids), hidden] of one decode step. fill_pending(ids) writes the
+        tokens still on the device into the step's input ids (async scheduling)."""
         n = len(input_ids)
         b = self.sizes[bisect.bisect_left(self.sizes, n)]
-        # Host-side work is the step's budget at large batches: build with numpy, copy once.
+        # Host-side work is the step's budget at large batches: build with numpy, copy once each.
         pos = np.asarray(positions, dtype=np.int64)
-        host = self.staged.host()
-        host.put("input_ids", input_ids, 0)
-        host.put("positions", pos, 0)
-        host.put("seq_lens", seq_lens, 0)
+        copy_in(self.input_ids, padded(input_ids, b, 0, np.int64))
+        if fill_pending is not None:
+            fill_pending(self.input_ids[:n])
+        copy_in(self.positions, padded(positions, b, 0, np.int64))
+        copy_in(self.seq_lens, padded(seq_lens, b, 0, np.int32))
         for g in self.groups:
             rows = block_table_array(tables[g], b)
-            host.put(f"slots:{g}", slot_mapping(rows, np.arange(n), pos, self.block_size), -1)
-            self.tables[g].write(rows)
-        self.staged.send(host, self.input_ids, pending)
+            copy_in(self.slots[g], padded(slot_mapping(rows, np.arange(n), pos, self.block_size), b, -1, np.int64))
+            write_tables(self.tables[g], rows)
         self.graphs[b].replay()
         return self.outputs[b][:n]
 
@@ -105,6 +100,22 @@ def capture_graph(forward: Callable[[], torch.Tensor], pool: Any) -> tuple[torch
     with torch.cuda.graph(graph, pool=pool):
         out = forward()
     return graph, out
+
+
+def copy_in(dst: torch.Tensor, values: np.ndarray) -> None:
+    """dst[:len(values)] = values without waiting for the device. Pinned on a GPU: a copy from
+    pageable memory would make the host wait for the GPU's queue. CPU buffers (the host-only
+    profile) take the array as it is."""
+    host = torch.from_numpy(values)
+    dst[: len(values)].copy_(host.pin_memory() if dst.is_cuda else host, non_blocking=True)
+
+
+def write_tables(dst: torch.Tensor, rows: np.ndarray) -> None:
+    """The block-table rows [n, width] into dst's first n rows; -1 past width (what an earlier,
+    wider step left there)."""
+    width = rows.shape[1]
+    copy_in(dst[:, :width], rows)
+    dst[: len(rows), width:].fill_(-1)
 
 
 def flat_tokens(token_ids: list[list[int]], start_pos: list[int],
@@ -133,3 +144,11 @@ def block_table_array(tables: list[list[int]], num_rows: int) -> np.ndarray:
     flat = np.fromiter(chain.from_iterable(tables), dtype=np.int32, count=int(lengths.sum()))
     rows[: len(tables)][np.arange(rows.shape[1]) < lengths[:, None]] = flat
     return rows
+
+
+def padded(values: object, size: int, pad: int, dtype: type) -> np.ndarray:
+    """values, then `pad` up to `size` entries."""
+    out: np.ndarray = np.full(size, pad, dtype=dtype)
+    vals: np.ndarray = np.asarray(values, dtype=dtype)
+    out[: len(vals)] = vals
+    return out

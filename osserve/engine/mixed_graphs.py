@@ -21,6 +21,7 @@ from __future__ import annotations
 import bisect
 import logging
 import math
+from collections.abc import Callable
 from functools import partial
 from typing import Any
 
@@ -30,10 +31,12 @@ import torch
 from osserve.engine.cuda_graphs import (
     block_table_array,
     capture_graph,
+    copy_in,
     flat_tokens,
+    padded,
     slot_mapping,
+    write_tables,
 )
-from osserve.engine.staged_inputs import BlockTableInput, Pending, StagedInputs
 from osserve.model.gpt_oss import GptOssForCausalLM, KVCache
 from osserve.ops.attention import AttentionMetadata, BlockTables
 
@@ -72,17 +75,12 @@ class MixedGraphs:
         self.num_seqs = max_seqs + math.ceil(n / QUERY_BUCKETS[0])
         dev = next(model.parameters()).device
         width = math.ceil(max_model_len / block_size)
-        # The per-step inputs, one copy a step (staged_inputs.py); the block tables are copied apart.
-        self.staged = StagedInputs(
-            {"input_ids": (np.int64, n), "positions": (np.int64, n),
-             "query_start_loc": (np.int32, self.num_seqs + 1), "seq_lens": (np.int32, self.num_seqs),
-             **{f"slots:{g}": (np.int64, n) for g in groups}, "pending_rows": (np.int64, n),
-             "pending_prev": (np.int64, n)}, dev)
-        views = self.staged.views
-        self.input_ids, self.positions = views["input_ids"], views["positions"]
-        self.query_start_loc, self.seq_lens = views["query_start_loc"], views["seq_lens"]
-        self.slots = {g: views[f"slots:{g}"].fill_(-1) for g in groups}  # capture writes no KV
-        self.tables = {g: BlockTableInput(self.num_seqs, width, dev) for g in groups}
+        self.input_ids = torch.zeros(n, dtype=torch.int64, device=dev)
+        self.positions = torch.zeros(n, dtype=torch.int64, device=dev)
+        self.query_start_loc = torch.zeros(self.num_seqs + 1, dtype=torch.int32, device=dev)
+        self.seq_lens = torch.zeros(self.num_seqs, dtype=torch.int32, device=dev)
+        self.tables = {g: torch.full((self.num_seqs, width), -1, dtype=torch.int32, device=dev) for g in groups}
+        self.slots = {g: torch.full((n,), -1, dtype=torch.int64, device=dev) for g in groups}
         self.graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
         self.outputs: dict[tuple[int, int], torch.Tensor] = {}
 
@@ -91,7 +89,7 @@ class MixedGraphs:
         return AttentionMetadata(
             query_start_loc=self.query_start_loc, seq_lens=self.seq_lens,
             query_lens_host=[q], seq_lens_host=[self.max_model_len],
-            groups={g: BlockTables(self.tables[g].tensor, self.slots[g][:t]) for g in self.groups},
+            groups={g: BlockTables(self.tables[g], self.slots[g][:t]) for g in self.groups},
         )
 
     @torch.inference_mode()
@@ -118,23 +116,24 @@ class MixedGraphs:
         return (t, q) if len(query_lens) + padding_seqs <= self.num_seqs else None
 
     def run(self, token_ids: list[list[int]], start_pos: list[int], tables: dict[str, list[list[int]]],
-            shape: tuple[int, int], pending: Pending | None = None) -> torch.Tensor:
+            shape: tuple[int, int], fill_pending: Callable[[torch.Tensor], None] | None = None) -> torch.Tensor:
         """Hidden states [T, hidden] of the step (rows past the real tokens are padding).
-        pending: the tokens still on the device, written into the real input ids there."""
+        fill_pending(ids) writes the tokens still on the device into the real input ids."""
         t, q = shape
         ids, pos, query_lens, seq_lens = flat_tokens(token_ids, start_pos)
+        n = len(ids)
         starts, lens = sequence_layout(query_lens, seq_lens, t, q, self.num_seqs)
 
-        host = self.staged.host()
-        host.put("input_ids", ids, 0)
-        host.put("positions", pos, 0)
-        host.put("query_start_loc", starts, 0)
-        host.put("seq_lens", lens, 0)
+        copy_in(self.input_ids, padded(ids, t, 0, np.int64))
+        if fill_pending is not None:
+            fill_pending(self.input_ids[:n])
+        copy_in(self.positions, padded(pos, t, 0, np.int64))
+        copy_in(self.query_start_loc, starts)
+        copy_in(self.seq_lens, lens)
         seq_of_token = np.repeat(np.arange(len(query_lens)), query_lens)
         for g in self.groups:
             rows = block_table_array(tables[g], len(query_lens))
-            host.put(f"slots:{g}", slot_mapping(rows, seq_of_token, pos, self.block_size), -1)
-            self.tables[g].write(rows)
-        self.staged.send(host, self.input_ids, pending)
+            copy_in(self.slots[g], padded(slot_mapping(rows, seq_of_token, pos, self.block_size), t, -1, np.int64))
+            write_tables(self.tables[g], rows)
         self.graphs[shape].replay()
         return self.outputs[shape]

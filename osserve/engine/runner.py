@@ -15,7 +15,6 @@ import torch
 
 from osserve.engine.cuda_graphs import DecodeGraphs, block_table_array, flat_tokens, slot_mapping
 from osserve.engine.mixed_graphs import MixedGraphs
-from osserve.engine.staged_inputs import Pending
 from osserve.model.gpt_oss import GptOssForCausalLM, KVCache
 from osserve.ops.attention import AttentionMetadata, BlockTables
 
@@ -88,39 +87,33 @@ class ModelRunner:
         return ModelInput(input_ids=self._to_device(ids), positions=self._to_device(pos), meta=meta,
                           sample_rows=self._to_device(sample_rows(entries, query_lens)))
 
-    @staticmethod
-    def pending(entries: list[BatchEntry], prev_tokens: torch.Tensor | None) -> Pending | None:
-        """The tokens still on the device (async scheduling): the last row of each entry with
-        prev_row >= 0 takes prev_tokens[prev_row]. None where there are none."""
+    def fill_pending(self, input_ids: torch.Tensor, entries: list[BatchEntry], prev_tokens: torch.Tensor | None,
+                     ) -> None:
+        """Write the tokens still on the device (async scheduling) into input_ids, in place: the
+        last row of each entry with prev_row >= 0 takes prev_tokens[prev_row]. No host sync."""
         if prev_tokens is None:
-            return None
+            return
         n = len(entries)
         prev_rows = np.fromiter((e.prev_row for e in entries), dtype=np.int64, count=n)
-        waiting = np.flatnonzero(prev_rows >= 0)
-        if not len(waiting):
-            return None
-        ends = np.cumsum(np.fromiter((len(e.token_ids) for e in entries), dtype=np.int64, count=n)) - 1
-        return Pending(ends[waiting], prev_rows[waiting], prev_tokens)
-
-    def fill_pending(self, input_ids: torch.Tensor, pending: Pending | None) -> None:
-        """Write the pending tokens into input_ids, in place (the eager path). No host sync."""
-        if pending is None:
+        pending = np.flatnonzero(prev_rows >= 0)
+        if not len(pending):
             return
-        index = self._to_device(np.stack([pending.rows, pending.prev_rows]))  # [2, P]: (flat row, prev row)
-        input_ids.index_copy_(0, index[0], pending.prev_tokens[index[1]].to(input_ids.dtype))
+        ends = np.cumsum(np.fromiter((len(e.token_ids) for e in entries), dtype=np.int64, count=n)) - 1
+        index = self._to_device(np.stack([ends[pending], prev_rows[pending]]))  # [2, P]: (flat row, prev row)
+        input_ids.index_copy_(0, index[0], prev_tokens[index[1]].to(input_ids.dtype))
 
     @torch.inference_mode()
     def run(self, entries: list[BatchEntry], prev_tokens: torch.Tensor | None = None) -> torch.Tensor:
         """Logits [S, vocab] (float32) for the entries with sample=True, in their order.
         prev_tokens: the previous step's sampled ids, on the device (see BatchEntry.prev_row)."""
-        pending = self.pending(entries, prev_tokens)
         if self.graphs is not None and self.graphs.can_run(len(entries)) and all(
             len(e.token_ids) == 1 and e.sample for e in entries
         ):
             hidden = self.graphs.run(
                 [e.token_ids[0] for e in entries], [e.start_pos for e in entries],
                 [e.start_pos + 1 for e in entries],
-                {g: [e.block_tables[g] for e in entries] for g in entries[0].block_tables}, pending,
+                {g: [e.block_tables[g] for e in entries] for g in entries[0].block_tables},
+                fill_pending=lambda ids: self.fill_pending(ids, entries, prev_tokens),
             )
             return self.model.compute_logits(hidden)
         if self.mixed is not None:
@@ -129,11 +122,12 @@ class ModelRunner:
             if shape is not None:
                 hidden = self.mixed.run(
                     [e.token_ids for e in entries], [e.start_pos for e in entries],
-                    {g: [e.block_tables[g] for e in entries] for g in entries[0].block_tables}, shape, pending,
+                    {g: [e.block_tables[g] for e in entries] for g in entries[0].block_tables}, shape,
+                    fill_pending=lambda ids: self.fill_pending(ids, entries, prev_tokens),
                 )
                 return self.model.compute_logits(hidden[self._to_device(sample_rows(entries, query_lens))])
         inp = self.prepare(entries)
-        self.fill_pending(inp.input_ids, pending)
+        self.fill_pending(inp.input_ids, entries, prev_tokens)
         hidden = self.model(inp.input_ids, inp.positions, inp.meta, self.kv_caches)
         return self.model.compute_logits(hidden[inp.sample_rows])
 
