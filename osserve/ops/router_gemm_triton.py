@@ -214,11 +214,11 @@ def fits_fused_router(num_tokens: int, num_experts: int, top_k: int) -> bool:
     return num_tokens <= FUSED_MAX_TOKENS and num_experts <= MAX_EXPERTS and top_k & (top_k - 1) == 0
 
 
-def default_split(hidden: int, token_blocks: int) -> int:
+def default_split(hidden: int, token_blocks: int, h_block: int = BLOCK_H) -> int:
     """H splits per token block: H_SPLITS_ONE_BLOCK for one token block, else H_SPLITS; at least one
-    H block each."""
+    H block (h_block columns) each."""
     splits = H_SPLITS_ONE_BLOCK if token_blocks == 1 else H_SPLITS
-    return max(1, min(splits, triton.cdiv(hidden, BLOCK_H)))
+    return max(1, min(splits, triton.cdiv(hidden, h_block)))
 
 
 def block_h(block_e: int) -> int:
@@ -304,10 +304,10 @@ def _launch(
     if t == 0:
         return weights, ids, plan
     token_blocks = triton.cdiv(t, BLOCK_T)
-    split = split or default_split(h, token_blocks)
-    # Whole H blocks per split, so only the last split sees a ragged end.
     block_e = max(16, triton.next_power_of_2(e))
     h_block = block_h(block_e)
+    split = split or default_split(h, token_blocks, h_block)
+    # Whole H blocks per split, so only the last split sees a ragged end.
     h_per_split = triton.cdiv(triton.cdiv(h, split), h_block) * h_block
     split = triton.cdiv(h, h_per_split)
     part_rows = token_blocks * BLOCK_T
@@ -324,6 +324,9 @@ def _launch(
         strides = (a.stride(0), a.stride(1)) if a.dim() == 4 else (0, a.stride(0))
         norm_args = (a, norm.residual, norm.weight, summed, norm.eps, *strides)
     pdl = pdl_launch(x.device)
+    # The L2 prefetch covers what the first block (loaded before the wait) leaves: none at decode.
+    prefetch = triton.cdiv((h_per_split - h_block) * weight.element_size(), 128)
+    prefetch = prefetch if prefetch_before_wait(x.device) else 0
     _router_gemm_topk_kernel[(token_blocks, split)](
         x, weight, bias, partials, counters, weights, ids, *plan_args,
         t, h, x.stride(0), weight.stride(0), h_per_split, part_rows, *norm_args,
@@ -335,8 +338,7 @@ def _launch(
         NORM=norm is not None, NORM_ROWS=triton.next_power_of_2(t) if norm is not None else 1,
         PARTS=norm.a.shape[0] if norm is not None and norm.a.dim() == 4 else 1,
         BLOCK_ROW=triton.next_power_of_2(h) if norm is not None else 16, PDL=pdl,
-        PREFETCH_LINES=triton.next_power_of_2(triton.cdiv(h_per_split * weight.element_size(), 128))
-        if prefetch_before_wait(x.device) else 0,
+        PREFETCH_LINES=triton.next_power_of_2(prefetch) if prefetch else 0,
         num_warps=4, launch_pdl=pdl,
     )
     return weights, ids, plan
