@@ -51,7 +51,8 @@ def main() -> None:
     model = runner.model
     graph_us = per_iteration_us(graph.replay)
     head_us = per_iteration_us(lambda: (graph.replay(), model.compute_logits(hidden).argmax(-1)))
-    # The host's share: a step's Python work, timed apart from the GPU (the engine's own profile).
+    # The head's launch on the host alone (enqueued, not waited for): it must stay well below the
+    # GPU's step for the step to stay GPU-bound.
     t0 = time.perf_counter()
     for _ in range(100):
         model.compute_logits(hidden)
