@@ -9,21 +9,20 @@ import torch
 import osserve.ops.moe_swapped as moe_swapped
 from osserve.engine.load import EngineArgs, build_engine
 from osserve.engine.sampling_params import SamplingParams
-from tests.gpu.test_model_gpu import reference_logits
+from tests.gpu.test_model_gpu import record_logits, reference_logits
 
 
 def decode_logits(engine, prompt: list[int], steps: int) -> tuple[torch.Tensor, list[int]]:  # type: ignore[no-untyped-def]
-    model = engine.runner.model
     recorded: list[torch.Tensor] = []
-    original = model.compute_logits
-    model.compute_logits = lambda h: recorded.append(original(h)) or recorded[-1]
+    original = engine.runner.run
+    record_logits(engine.runner, recorded)
     engine.add_request(f"r{len(prompt)}-{steps}-{id(recorded)}", prompt,
                        SamplingParams(temperature=0, max_tokens=steps, ignore_eos=True))
     out: list[int] = []
     while engine.has_unfinished():
         for d in engine.step():
             out.extend(d.new_token_ids)
-    model.compute_logits = original
+    engine.runner.run = original
     return torch.cat(recorded).float(), out
 
 

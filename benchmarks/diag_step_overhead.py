@@ -2,23 +2,27 @@
 
     python benchmarks/diag_step_overhead.py [--preset 20b]
 
-Three timings of the same engine, CUDA events over many back-to-back iterations:
-- graph: the batch-1 decode graph replayed alone (the decoder layers, no inputs copied);
-- graph + head: the replay, then the final projection to logits and a greedy argmax, as the
-  runner and sampler run them;
-- step: the engine's own step (median TPOT of a 1024-token prompt's decode): the inputs copied
-  in, the pending token written, the graph, the head, the sampler, the copy of the id to the host.
-step - (graph + head) is what the step spends beside the model: copies, small kernels and gaps.
+Timings of the same engine, CUDA events over many back-to-back iterations:
+- the decoder layers captured as a graph of their own (no inputs copied);
+- that graph, then the final projection to logits, the cast to float32 and torch's argmax, run
+  eagerly (the step before ops/head_triton.py);
+- that graph, then the fused head (logits and greedy ids, ops/head_triton.py), eagerly;
+- the engine's batch-1 decode graph, which takes the fused head inside (engine/cuda_graphs.py);
+- the engine's own step (median TPOT of a 1024-token prompt's decode): the inputs copied in, the
+  pending token written, the graph, the sampler, the copy of the id to the host.
+step - engine graph is what the step spends beside the model: copies, small kernels and gaps.
 """
 
 from __future__ import annotations
 
 import argparse
 import time
+from functools import partial
 
 import torch
 
 from osserve.bench.latency import run_once
+from osserve.engine.cuda_graphs import capture_graph
 from osserve.engine.load import EngineArgs, build_engine
 
 
@@ -46,11 +50,16 @@ def main() -> None:
     run_once(engine, 1, 128, 16, seed=99)  # compile everything
     step = run_once(engine, 1, 1024, 512, seed=1)
     runner = engine.runner
-    assert runner.graphs is not None
-    graph, hidden = runner.graphs.graphs[1], runner.graphs.outputs[1][:1]
+    graphs = runner.graphs
+    assert graphs is not None and graphs.outputs[1].logits is not None
     model = runner.model
-    graph_us = per_iteration_us(graph.replay)
-    head_us = per_iteration_us(lambda: (graph.replay(), model.compute_logits(hidden).argmax(-1)))
+    # The decoder layers alone as a graph of their own (the engine's batch-1 graph takes the head).
+    layers, hidden = capture_graph(partial(model, graphs.input_ids[:1], graphs.positions[:1], graphs._meta(1),
+                                           runner.kv_caches), None)
+    layers_us = per_iteration_us(layers.replay)
+    eager_us = per_iteration_us(lambda: (layers.replay(), model.compute_logits(hidden).argmax(-1)))
+    fused_us = per_iteration_us(lambda: (layers.replay(), model.compute_logits_and_greedy(hidden)))
+    engine_graph_us = per_iteration_us(graphs.graphs[1].replay)
     # The head's launch on the host alone (enqueued, not waited for): it must stay well below the
     # GPU's step for the step to stay GPU-bound.
     t0 = time.perf_counter()
@@ -60,11 +69,16 @@ def main() -> None:
     torch.cuda.synchronize()
     step_us = step.tpot_median_ms * 1000
     print(f"\n{torch.cuda.get_device_name()}, {args.preset}, batch 1")
-    print(f"{'graph alone':>28} {graph_us:9.1f} us")
-    print(f"{'graph + head + argmax':>28} {head_us:9.1f} us   (head + argmax {head_us - graph_us:.1f})")
-    print(f"{'engine step (median TPOT)':>28} {step_us:9.1f} us   (beside the model {step_us - head_us:.1f})")
-    print(f"{'head enqueue on the host':>28} {host_head_us:9.1f} us")
-
+    rows = [
+        ("decoder layers (a graph)", layers_us, ""),
+        ("+ head, .float(), argmax", eager_us, f"head + argmax {eager_us - layers_us:.1f}"),
+        ("+ fused head, eager", fused_us, f"head + argmax {fused_us - layers_us:.1f}"),
+        ("engine graph (head inside)", engine_graph_us, f"head + argmax {engine_graph_us - layers_us:.1f}"),
+        ("engine step (median TPOT)", step_us, f"beside the graph {step_us - engine_graph_us:.1f}"),
+        ("head enqueue on the host", host_head_us, ""),
+    ]
+    for name, us, note in rows:
+        print(f"{name:>28} {us:9.1f} us   {note}")
 
 if __name__ == "__main__":
     main()

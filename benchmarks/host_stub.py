@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from osserve.engine.cuda_graphs import DecodeGraphs
+from osserve.engine.cuda_graphs import DecodeGraphs, StepOutputs
 from osserve.engine.engine import LLMEngine
 from osserve.engine.load import EngineArgs, build_engine
 from osserve.engine.process_engine import pack_outputs, unpack_output
@@ -52,6 +52,9 @@ class StubModel:
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.logits[: hidden.shape[0]]
 
+    def compute_logits_and_greedy(self, hidden: torch.Tensor) -> tuple[torch.Tensor, None]:
+        return self.compute_logits(hidden), None
+
 
 def build_host_only_engine(max_num_seqs: int, max_model_len: int = 4096, vocab: int = 1024) -> LLMEngine:
     """The tiny preset on CPU, set up as a GPU server runs it (decode graphs, async scheduling),
@@ -67,7 +70,7 @@ def build_host_only_engine(max_num_seqs: int, max_model_len: int = 4096, vocab: 
     hidden = engine.model_config.hidden_size
     for b in graphs.sizes:
         graphs.graphs[b] = _NoReplay()  # type: ignore[assignment]
-        graphs.outputs[b] = torch.zeros(b, hidden)
+        graphs.outputs[b] = StepOutputs(torch.zeros(b, hidden))
     runner.graphs = graphs
     runner.model = StubModel(hidden, 8192, vocab)  # type: ignore[assignment]
     gc.collect()  # as the engine process does once its engine is built (process_engine._engine_main)

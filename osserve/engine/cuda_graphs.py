@@ -14,9 +14,10 @@ import bisect
 import logging
 import math
 from collections.abc import Callable
+from dataclasses import dataclass
 from functools import partial
 from itertools import chain
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import torch
@@ -25,8 +26,27 @@ from osserve.model.gpt_oss import GptOssForCausalLM, KVCache
 from osserve.ops.attention import AttentionMetadata, BlockTables
 
 log = logging.getLogger("osserve")
+T = TypeVar("T")
 
 DEFAULT_SIZES = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 224, 256)
+# Batch sizes whose graphs also take the logits projection and its greedy argmax (ops/head_triton.py):
+# the projection then launches with PDL behind the final norm instead of after the graph, and the
+# float32 cast and argmax launches go. Bounded by the fused kernel's rows (linear_triton.MAX_TOKENS)
+# and by the logits each captured size keeps in the pool (sizes 1-32: 87 rows x 804 KB, 70 MB).
+HEAD_MAX_BATCH = 32
+
+
+@dataclass
+class StepOutputs:
+    """What a graph's replay leaves in its output buffers (valid until the next replay of it)."""
+
+    hidden: torch.Tensor  # [B, hidden] the final norm's rows
+    logits: torch.Tensor | None = None  # [B, vocab] float32, where the graph takes the head
+    greedy: torch.Tensor | None = None  # [B] int64 their argmax, likewise
+
+    def rows(self, n: int) -> StepOutputs:
+        return StepOutputs(self.hidden[:n], None if self.logits is None else self.logits[:n],
+                           None if self.greedy is None else self.greedy[:n])
 
 
 class DecodeGraphs:
@@ -41,37 +61,41 @@ class DecodeGraphs:
         self.positions = torch.zeros(n, dtype=torch.int64, device=dev)
         self.seq_lens = torch.zeros(n, dtype=torch.int32, device=dev)
         self.query_start_loc = torch.arange(n + 1, dtype=torch.int32, device=dev)
-        self.tables = {g: torch.full((n, width), -1, dtype=torch.int32, device=dev) for g in groups}
+        self.tables = {g: BlockTableBuffer(n, width, dev) for g in groups}
         self.slots = {g: torch.full((n,), -1, dtype=torch.int64, device=dev) for g in groups}
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
-        self.outputs: dict[int, torch.Tensor] = {}
+        self.outputs: dict[int, StepOutputs] = {}
         self.pool: Any = None
 
     def _meta(self, b: int) -> AttentionMetadata:
         return AttentionMetadata(
             query_start_loc=self.query_start_loc[: b + 1], seq_lens=self.seq_lens[:b],
             query_lens_host=[1] * b, seq_lens_host=[self.max_model_len] * b,
-            groups={g: BlockTables(self.tables[g][:b], self.slots[g][:b]) for g in self.groups},
+            groups={g: BlockTables(self.tables[g].tensor[:b], self.slots[g][:b]) for g in self.groups},
         )
 
     @torch.inference_mode()
     def capture(self) -> None:
         pool = None
         for b in reversed(self.sizes):
-            meta = self._meta(b)
-            self.graphs[b], self.outputs[b] = capture_graph(
-                partial(self.model, self.input_ids[:b], self.positions[:b], meta, self.kv_caches), pool)
+            self.graphs[b], self.outputs[b] = capture_graph(partial(self._step, b), pool)
             pool = self.graphs[b].pool() if pool is None else pool
         self.pool = pool  # the mixed-step graphs (engine/mixed_graphs.py) share it
         log.info("captured decode CUDA graphs for batch sizes %s", self.sizes)
+
+    def _step(self, b: int) -> StepOutputs:
+        hidden = self.model(self.input_ids[:b], self.positions[:b], self._meta(b), self.kv_caches)
+        if b > HEAD_MAX_BATCH:
+            return StepOutputs(hidden)
+        return StepOutputs(hidden, *self.model.compute_logits_and_greedy(hidden))
 
     def can_run(self, batch: int) -> bool:
         return bool(self.graphs) and batch <= self.sizes[-1]
 
     def run(self, input_ids: list[int], positions: list[int], seq_lens: list[int],
             tables: dict[str, list[list[int]]],
-            fill_pending: Callable[[torch.Tensor], None] | None = None) -> torch.Tensor:
-        """Hidden states [len(input_ids), hidden] of one decode step. fill_pending(ids) writes the
+            fill_pending: Callable[[torch.Tensor], None] | None = None) -> StepOutputs:
+        """The outputs of one decode step, [len(input_ids)] rows. fill_pending(ids) writes the
         tokens still on the device into the step's input ids (async scheduling)."""
         n = len(input_ids)
         b = self.sizes[bisect.bisect_left(self.sizes, n)]
@@ -85,12 +109,12 @@ class DecodeGraphs:
         for g in self.groups:
             rows = block_table_array(tables[g], b)
             copy_in(self.slots[g], padded(slot_mapping(rows, np.arange(n), pos, self.block_size), b, -1, np.int64))
-            write_tables(self.tables[g], rows)
+            self.tables[g].write(rows)
         self.graphs[b].replay()
-        return self.outputs[b][:n]
+        return self.outputs[b].rows(n)
 
 
-def capture_graph(forward: Callable[[], torch.Tensor], pool: Any) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
+def capture_graph(forward: Callable[[], T], pool: Any) -> tuple[torch.cuda.CUDAGraph, T]:
     """(graph, its output): `forward` run twice (to compile the Triton kernels and settle the
     allocator), then captured into the memory pool `pool` (None: a new one)."""
     for _ in range(2):
@@ -110,12 +134,23 @@ def copy_in(dst: torch.Tensor, values: np.ndarray) -> None:
     dst[: len(values)].copy_(host.pin_memory() if dst.is_cuda else host, non_blocking=True)
 
 
-def write_tables(dst: torch.Tensor, rows: np.ndarray) -> None:
-    """The block-table rows [n, width] into dst's first n rows; -1 past width (what an earlier,
-    wider step left there)."""
-    width = rows.shape[1]
-    copy_in(dst[:, :width], rows)
-    dst[: len(rows), width:].fill_(-1)
+class BlockTableBuffer:
+    """A graph's block-table input [rows, max blocks] int32, -1 where no block. Each step writes
+    its rows at their own width; the columns past it are reset to -1 only where an earlier, wider
+    step wrote them (at batch-1 decode the width only grows: no fill launch a step)."""
+
+    def __init__(self, rows: int, width: int, device: torch.device) -> None:
+        self.tensor = torch.full((rows, width), -1, dtype=torch.int32, device=device)
+        self.written = np.zeros(rows, dtype=np.int64)  # columns of each row that may hold entries
+
+    def write(self, rows: np.ndarray) -> None:
+        """rows [n, width] (block_table_array) into the first n rows, -1 past width."""
+        n, width = rows.shape
+        copy_in(self.tensor[:, :width], rows)
+        stale = int(self.written[:n].max(initial=0))
+        if stale > width:
+            self.tensor[:n, width:stale].fill_(-1)
+        self.written[:n] = width
 
 
 def flat_tokens(token_ids: list[list[int]], start_pos: list[int],

@@ -212,8 +212,8 @@ class LLMEngine:
             return self._finish(prev) if prev is not None else []
         t1 = time.perf_counter()
         entries, rows, prompt_tokens = self._batch(out, prev)
-        logits = self.runner.run(entries, prev.token_ids if prev is not None else None)
-        result = self._launch_sample(rows, logits)
+        logits, greedy = self.runner.run(entries, prev.token_ids if prev is not None else None)
+        result = self._launch_sample(rows, logits, greedy)
         ahead = self.scheduler_config.async_scheduling and all(
             can_run_ahead(r.sampling_params, r.num_output_tokens) for r in rows)
         self.scheduler.advance(out, tokens_pending=ahead)
@@ -264,7 +264,8 @@ class LLMEngine:
         ends = self.scheduler.ends_by_length
         return {r.request_id for r in self.scheduler.running if r.num_pending > 0 and ends(r)}
 
-    def _launch_sample(self, rows: list[Request], logits: torch.Tensor) -> SamplerOutput | None:
+    def _launch_sample(self, rows: list[Request], logits: torch.Tensor, greedy: torch.Tensor | None,
+                       ) -> SamplerOutput | None:
         if not rows:
             return None
         batch = SamplingBatch.build(
@@ -274,7 +275,7 @@ class LLMEngine:
             generators=[self.generators.get(r.request_id) for r in rows],
             device=logits.device,
         )
-        return self.sampler.sample(logits, batch)
+        return self.sampler.sample(logits, batch, greedy)
 
     def _in_flight(self, out: SchedulerOutput, rows: list[Request], result: SamplerOutput | None,
                    profile: tuple[float, float, bool]) -> InFlightStep:

@@ -29,13 +29,13 @@ import numpy as np
 import torch
 
 from osserve.engine.cuda_graphs import (
+    BlockTableBuffer,
     block_table_array,
     capture_graph,
     copy_in,
     flat_tokens,
     padded,
     slot_mapping,
-    write_tables,
 )
 from osserve.model.gpt_oss import GptOssForCausalLM, KVCache
 from osserve.ops.attention import AttentionMetadata, BlockTables
@@ -79,7 +79,7 @@ class MixedGraphs:
         self.positions = torch.zeros(n, dtype=torch.int64, device=dev)
         self.query_start_loc = torch.zeros(self.num_seqs + 1, dtype=torch.int32, device=dev)
         self.seq_lens = torch.zeros(self.num_seqs, dtype=torch.int32, device=dev)
-        self.tables = {g: torch.full((self.num_seqs, width), -1, dtype=torch.int32, device=dev) for g in groups}
+        self.tables = {g: BlockTableBuffer(self.num_seqs, width, dev) for g in groups}
         self.slots = {g: torch.full((n,), -1, dtype=torch.int64, device=dev) for g in groups}
         self.graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
         self.outputs: dict[tuple[int, int], torch.Tensor] = {}
@@ -89,7 +89,7 @@ class MixedGraphs:
         return AttentionMetadata(
             query_start_loc=self.query_start_loc, seq_lens=self.seq_lens,
             query_lens_host=[q], seq_lens_host=[self.max_model_len],
-            groups={g: BlockTables(self.tables[g], self.slots[g][:t]) for g in self.groups},
+            groups={g: BlockTables(self.tables[g].tensor, self.slots[g][:t]) for g in self.groups},
         )
 
     @torch.inference_mode()
@@ -134,6 +134,6 @@ class MixedGraphs:
         for g in self.groups:
             rows = block_table_array(tables[g], len(query_lens))
             copy_in(self.slots[g], padded(slot_mapping(rows, seq_of_token, pos, self.block_size), t, -1, np.int64))
-            write_tables(self.tables[g], rows)
+            self.tables[g].write(rows)
         self.graphs[shape].replay()
         return self.outputs[shape]

@@ -99,23 +99,34 @@ class ModelRunner:
         if not len(pending):
             return
         ends = np.cumsum(np.fromiter((len(e.token_ids) for e in entries), dtype=np.int64, count=n)) - 1
-        index = self._to_device(np.stack([ends[pending], prev_rows[pending]]))  # [2, P]: (flat row, prev row)
+        rows, prev = ends[pending], prev_rows[pending]
+        p = len(pending)
+        if rows[-1] == p - 1 and np.array_equal(rows, prev):
+            # Rows 0..P-1 take prev_tokens[0..P-1] (steady decode: the same batch as the step before):
+            # one device copy, instead of an index upload, a gather and a scatter.
+            input_ids[:p].copy_(prev_tokens[:p])
+            return
+        index = self._to_device(np.stack([rows, prev]))  # [2, P]: (flat row, prev row)
         input_ids.index_copy_(0, index[0], prev_tokens[index[1]].to(input_ids.dtype))
 
     @torch.inference_mode()
-    def run(self, entries: list[BatchEntry], prev_tokens: torch.Tensor | None = None) -> torch.Tensor:
-        """Logits [S, vocab] (float32) for the entries with sample=True, in their order.
+    def run(self, entries: list[BatchEntry], prev_tokens: torch.Tensor | None = None,
+            ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(logits [S, vocab] float32 for the entries with sample=True, in their order; their argmax
+        where it came with them, else None: model.compute_logits_and_greedy).
         prev_tokens: the previous step's sampled ids, on the device (see BatchEntry.prev_row)."""
         if self.graphs is not None and self.graphs.can_run(len(entries)) and all(
             len(e.token_ids) == 1 and e.sample for e in entries
         ):
-            hidden = self.graphs.run(
+            out = self.graphs.run(
                 [e.token_ids[0] for e in entries], [e.start_pos for e in entries],
                 [e.start_pos + 1 for e in entries],
                 {g: [e.block_tables[g] for e in entries] for g in entries[0].block_tables},
                 fill_pending=lambda ids: self.fill_pending(ids, entries, prev_tokens),
             )
-            return self.model.compute_logits(hidden)
+            if out.logits is not None:  # the graph took the head
+                return out.logits, out.greedy
+            return self.model.compute_logits_and_greedy(out.hidden)
         if self.mixed is not None:
             query_lens = [len(e.token_ids) for e in entries]
             shape = self.mixed.shape_for(query_lens)
@@ -125,11 +136,11 @@ class ModelRunner:
                     {g: [e.block_tables[g] for e in entries] for g in entries[0].block_tables}, shape,
                     fill_pending=lambda ids: self.fill_pending(ids, entries, prev_tokens),
                 )
-                return self.model.compute_logits(hidden[self._to_device(sample_rows(entries, query_lens))])
+                return self.model.compute_logits_and_greedy(hidden[self._to_device(sample_rows(entries, query_lens))])
         inp = self.prepare(entries)
         self.fill_pending(inp.input_ids, entries, prev_tokens)
         hidden = self.model(inp.input_ids, inp.positions, inp.meta, self.kv_caches)
-        return self.model.compute_logits(hidden[inp.sample_rows])
+        return self.model.compute_logits_and_greedy(hidden[inp.sample_rows])
 
 
 def sample_rows(entries: list[BatchEntry], query_lens: list[int]) -> np.ndarray:

@@ -157,7 +157,9 @@ class Sampler:
                 seeds[row] = torch.randint(0, 2**62, (1,), device=device, generator=g)[0]
         return seeds
 
-    def sample(self, logits: torch.Tensor, b: SamplingBatch) -> SamplerOutput:
+    def sample(self, logits: torch.Tensor, b: SamplingBatch, greedy: torch.Tensor | None = None) -> SamplerOutput:
+        """greedy: logits.argmax(-1) where the runner computed it with the logits (ops/head_triton.py);
+        used where every row is greedy and nothing changes the logits before the choice."""
         logits = logits.float()
         raw = logits
         for row, ids in b.mask_stop.items():
@@ -165,7 +167,7 @@ class Sampler:
             logits[row, ids] = float("-inf")
         logits = apply_penalties(logits, b)
         if b.temperature is None:  # every row is greedy
-            chosen = logits.argmax(-1)
+            chosen = greedy if greedy is not None and logits is raw else logits.argmax(-1)
         elif use_triton(logits) and b.top_k is None and b.top_p is None and b.min_p is None:
             # Plain temperature sampling (the default): one fused pass (ops/sample_triton.py).
             from osserve.ops.sample_triton import gumbel_argmax_triton

@@ -18,6 +18,7 @@ from torch import nn
 
 from osserve.config import ModelConfig
 from osserve.ops.attention import AttentionMetadata, paged_attention
+from osserve.ops.dispatch import use_triton
 from osserve.ops.linear import linear
 from osserve.ops.moe import ExpertWeights, fused_moe
 
@@ -245,6 +246,18 @@ class GptOssForCausalLM(nn.Module):
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden [N, hidden] -> logits [N, vocab] in float32."""
         return linear(hidden, self.lm_head.weight).float()
+
+    def compute_logits_and_greedy(self, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(compute_logits(hidden), their argmax [N] int64 where it comes with them, else None). At
+        decode sizes on the GPU one kernel writes the float32 logits and argmax partials, and a
+        second picks the ids (ops/head_triton.py); elsewhere the sampler takes its own argmax
+        where it needs one."""
+        if use_triton(hidden):
+            from osserve.ops.head_triton import fits_logits_triton, logits_and_greedy_triton
+
+            if fits_logits_triton(hidden, self.lm_head.weight):
+                return logits_and_greedy_triton(hidden, self.lm_head.weight)
+        return self.compute_logits(hidden), None
 
     def fuse_qkv(self) -> None:
         """Every layer's q/k/v projections as one GEMM (Attention.fuse_qkv)."""

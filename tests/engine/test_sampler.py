@@ -112,3 +112,21 @@ def test_each_row_samples_as_alone_whatever_tensors_its_batch_builds() -> None:
     assert together.token_ids[2] == 6 and together.token_ids[1] != logits[1].argmax()
     plain = batch([SamplingParams(temperature=0)] * 3)
     assert plain.temperature is None and plain.top_k is None and plain.penalties is None and not plain.forced
+
+
+def test_greedy_ids_from_the_runner_are_taken_only_where_the_logits_are_unchanged() -> None:
+    """The runner's argmax (ops/head_triton.py) stands in for the sampler's own where every row is
+    greedy and no mask or penalty touched the logits; otherwise the sampler computes it. (The ids
+    given here are deliberately not the argmax, to tell the two apart.)"""
+    logits = torch.zeros(2, V)
+    logits[:, 5] = 10.0
+    given = torch.tensor([1, 2])
+    greedy = SamplingParams(temperature=0)
+    assert Sampler().sample(logits, batch([greedy] * 2), given).token_ids.tolist() == [1, 2]
+    masked = SamplingParams(temperature=0, min_tokens=2, stop_token_ids=[5])
+    out = Sampler().sample(logits, batch([greedy, masked], outputs=[[1], [1]]), given).token_ids.tolist()
+    assert out[0] == 5 and out[1] != 5
+    penalised = SamplingParams(temperature=0, presence_penalty=20.0)
+    assert Sampler().sample(logits, batch([penalised] * 2, outputs=[[5], [5]]), given).token_ids.tolist() != [1, 2]
+    hot = SamplingParams(temperature=1.0, top_k=1)
+    assert Sampler().sample(logits, batch([hot] * 2), given).token_ids.tolist() == [5, 5]

@@ -46,6 +46,23 @@ def greedy(engine, prompts: list[list[int]], steps: int) -> list[list[int]]:  # 
     return [outs[f"r{i}"] for i in range(len(prompts))]
 
 
+def record_logits(runner, recorded: list[torch.Tensor]) -> None:  # type: ignore[no-untyped-def]
+    """Make `runner` append a copy of every step's logits (the sampled rows) to `recorded` (a
+    graph's output buffers are overwritten by its next replay), and check each step's greedy ids,
+    where the head computed them (ops/head_triton.py, inside the small decode graphs), against
+    torch.argmax of those logits."""
+    original = runner.run
+
+    def run(*args, **kwargs):  # type: ignore[no-untyped-def]
+        logits, greedy_ids = original(*args, **kwargs)
+        recorded.append(logits.clone())
+        if greedy_ids is not None:
+            assert torch.equal(greedy_ids, logits.argmax(-1))
+        return logits, greedy_ids
+
+    runner.run = run
+
+
 def agreement(model, prompts: list[list[int]], outputs: list[list[int]]) -> tuple[float, float]:  # type: ignore[no-untyped-def]
     """(share of tokens that are the reference's exact argmax, share within 0.15 logits of it)."""
     exact = close = total = 0
@@ -73,12 +90,11 @@ def check(args: EngineArgs, steps: int, check_tokens: bool) -> None:
             ref_tokens = greedy(eager, prompts, steps)
         del eager
 
-    # Decode logits of every prompt through the graph path, recorded before the upcast, one
-    # sequence at a time (the pooled median over ~100 rows: one 16-step sequence of the random 20b
-    # swings by +-0.2 with which router near-ties flip, for either path).
+    # Decode logits of every prompt through the graph path, one sequence at a time (the pooled
+    # median over ~100 rows: one 16-step sequence of the random 20b swings by +-0.2 with which
+    # router near-ties flip, for either path).
     recorded: list[torch.Tensor] = []
-    original = model.compute_logits
-    model.compute_logits = lambda h: recorded.append(original(h)) or recorded[-1]  # type: ignore[method-assign]
+    record_logits(engine.runner, recorded)
     sequences = []
     for i, prompt in enumerate(prompts):
         engine.add_request(f"one-{i}", prompt, SamplingParams(temperature=0, max_tokens=16, ignore_eos=True))
@@ -87,7 +103,6 @@ def check(args: EngineArgs, steps: int, check_tokens: bool) -> None:
             for d in engine.step():
                 one.extend(d.new_token_ids)
         sequences.append(prompt + one[:-1])  # step 0 is the prefill's last row, then a row per decode step
-    model.compute_logits = original  # type: ignore[method-assign]
     fast = torch.cat(recorded).float()
     rows = [slice(len(p) - 1, None) for p in prompts]
     ref_bf16 = torch.cat([reference_logits(model, q)[r].float() for q, r in zip(sequences, rows, strict=True)])
@@ -197,10 +212,8 @@ def test_programmatic_dependent_launch_changes_no_bit(preset: str, monkeypatch: 
         engine = build_engine(EngineArgs(load_format="dummy", preset=preset, max_model_len=4096, max_num_seqs=8,
                                          kv_cache_gb=1))
         assert pdl.pdl_launch(torch.device("cuda")) == enabled
-        model = engine.runner.model
         recorded: list[torch.Tensor] = []
-        original = model.compute_logits
-        model.compute_logits = lambda h: recorded.append(original(h)) or recorded[-1]  # type: ignore[method-assign]
+        record_logits(engine.runner, recorded)
         tokens = greedy(engine, prompts, 24)
         del engine
         return tokens, torch.cat(recorded)

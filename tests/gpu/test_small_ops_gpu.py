@@ -185,6 +185,24 @@ def test_small_m_linear_matches_f_linear(t: int, n: int, k: int) -> None:
         assert ((parts.sum((0, 2)) - ref).norm() / ref.norm()).item() < 1e-4
 
 
+@pytest.mark.parametrize("t", [1, 2, 17, 32])
+def test_logits_and_greedy_on_the_real_vocab(t: int) -> None:
+    """The head's fused kernel (ops/head_triton.py) at gpt-oss's lm_head: its float32 logits are
+    bit for bit the small-M linear's bf16 output cast up, and its greedy ids torch.argmax's, ties
+    included (rows 5 and 150,001 duplicated; token 0 is made to prefer them)."""
+    from osserve.ops.head_triton import logits_and_greedy_triton
+    from osserve.ops.linear_triton import small_m_linear_triton
+
+    g = torch.Generator(device="cuda").manual_seed(t)
+    x = torch.randn(t, HIDDEN, device="cuda", generator=g).bfloat16()
+    w = (torch.randn(201088, HIDDEN, device="cuda", generator=g) / HIDDEN**0.5).bfloat16()
+    w[5] = w[150_001] = x[0] / x[0].float().norm()
+    logits, greedy = logits_and_greedy_triton(x, w)
+    assert torch.equal(logits, small_m_linear_triton(x, w, None).float())
+    assert torch.equal(greedy, logits.argmax(-1))
+    assert greedy[0].item() == 5
+
+
 def test_fused_sampler_on_the_real_vocab() -> None:
     """The Sampler's fused path (temperature only) at gpt-oss's vocab: draws follow the tempered
     softmax, and a seeded row draws the same token alone and in a batch."""

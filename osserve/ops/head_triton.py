@@ -1,0 +1,108 @@
+"""A decode step's logits and their greedy choice: the logits projection with argmax partials.
+
+At batch 1 the logits projection (lm_head [201088, 2880] bf16, 1.16 GB) is a fifth of a 20b
+step, streamed by the small-M linear kernel at ~3 TB/s. Around it the step launched two more
+kernels: the cast of the bf16 logits to float32 for the sampler, and torch's argmax over 201,088
+of them. Here the projection's epilogue does both of their jobs:
+- it stores the logits as float32, rounded through x's dtype first, so they are bit for bit
+  `F.linear(x, W).float()`;
+- each program also stores, per token, the largest of its BLOCK_N logits and the first row that
+  holds it. A second launch (one program per token) picks the best of those partials, the first
+  among equals: torch.argmax's index.
+NaN logits are not supported (as in the router's top-k).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from osserve.ops.linear_triton import (
+    DEFAULT_CONFIG,
+    LinearConfig,
+    fits_small_m_linear,
+    prefetch_lines,
+    small_m_dot,
+    stages_that_fit,
+)
+from osserve.ops.pdl import pdl_enter, pdl_launch, prefetch_rows
+
+NO_ROW = 2**31 - 1  # larger than any row index: loses every "first row" minimum
+
+
+@triton.jit
+def _logits_kernel(
+    x_ptr, w_ptr, out_ptr, best_val_ptr, best_row_ptr, M, N, K, stride_xm, stride_wn, num_blocks,
+    EVEN_K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
+    NUM_STAGES: tl.constexpr, DOT_PRECISION: tl.constexpr, PDL: tl.constexpr, PREFETCH: tl.constexpr,
+):  # noqa: ANN001
+    pid = tl.program_id(0)
+    rn = pid * BLOCK_N + tl.arange(0, BLOCK_N)
+    rm = tl.arange(0, BLOCK_M)
+    n_ok = rn < N
+    m_ok = rm < M
+    w_rows = w_ptr + rn.to(tl.int64)[:, None] * stride_wn
+    x_cols = x_ptr + rm[None, :] * stride_xm
+    prefetch_rows(w_rows, w_ptr, n_ok, 0, K, PREFETCH)  # a weight: before the wait (ops/pdl.py)
+    pdl_enter(PDL)
+    acc = small_m_dot(w_rows, x_cols, n_ok, m_ok, 0, K, BLOCK_N, BLOCK_M, BLOCK_K, EVEN_K, NUM_STAGES,
+                      DOT_PRECISION)
+    # F.linear's output is rounded to x's dtype; the sampler then reads it as float32.
+    logits = acc.to(x_ptr.dtype.element_ty).to(tl.float32)  # [BLOCK_N, BLOCK_M]
+    ok = n_ok[:, None] & m_ok[None, :]
+    tl.store(out_ptr + rm.to(tl.int64)[None, :] * N + rn[:, None], logits, mask=ok)
+    vals = tl.where(ok, logits, float("-inf"))
+    best = tl.max(vals, axis=0)  # [BLOCK_M]
+    first = tl.min(tl.where(vals == best[None, :], rn[:, None], NO_ROW), axis=0)
+    tl.store(best_val_ptr + rm * num_blocks + pid, best, mask=m_ok)
+    tl.store(best_row_ptr + rm * num_blocks + pid, first, mask=m_ok)
+
+
+@triton.jit
+def _argmax_partials_kernel(best_val_ptr, best_row_ptr, out_ptr, num_blocks, BLOCK: tl.constexpr,
+                            PDL: tl.constexpr):  # noqa: ANN001
+    row = tl.program_id(0)
+    pdl_enter(PDL)
+    b = tl.arange(0, BLOCK)
+    ok = b < num_blocks
+    vals = tl.load(best_val_ptr + row * num_blocks + b, mask=ok, other=float("-inf"))
+    rows = tl.load(best_row_ptr + row * num_blocks + b, mask=ok, other=NO_ROW)
+    best = tl.max(vals, axis=0)
+    # Blocks are in row order, so the smallest row among the best blocks is the first overall.
+    tl.store(out_ptr + row, tl.min(tl.where(ok & (vals == best), rows, NO_ROW), axis=0).to(tl.int64))
+
+
+def fits_logits_triton(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    return fits_small_m_linear(x, weight) and weight.shape[0] < NO_ROW
+
+
+def logits_and_greedy_triton(
+    x: torch.Tensor,  # [M, K], M <= linear_triton.MAX_TOKENS
+    weight: torch.Tensor,  # [N, K] (lm_head)
+    config: LinearConfig = DEFAULT_CONFIG,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(F.linear(x, weight).float() [M, N], its argmax over N [M] int64) in two launches."""
+    assert fits_logits_triton(x, weight), (x.shape, x.stride(), weight.shape, x.dtype, weight.dtype)
+    m, k = x.shape
+    n = weight.shape[0]
+    assert weight.shape[1] == k
+    num_blocks = triton.cdiv(n, config.block_n)
+    logits = torch.empty(m, n, dtype=torch.float32, device=x.device)
+    best_val = torch.empty(m, num_blocks, dtype=torch.float32, device=x.device)
+    best_row = torch.empty(m, num_blocks, dtype=torch.int32, device=x.device)
+    greedy = torch.empty(m, dtype=torch.int64, device=x.device)
+    block_m = max(16, triton.next_power_of_2(m))
+    pdl = pdl_launch(x.device)
+    _logits_kernel[(num_blocks,)](
+        x, weight, logits, best_val, best_row, m, n, k, x.stride(0), weight.stride(0), num_blocks,
+        EVEN_K=k % config.block_k == 0, BLOCK_N=config.block_n, BLOCK_M=block_m, BLOCK_K=config.block_k,
+        NUM_STAGES=stages_that_fit(config, block_m, x.element_size()),
+        # fp32 (CPU tests): no silent TF32; bf16 ignores the setting.
+        DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32", PDL=pdl,
+        PREFETCH=prefetch_lines(num_blocks, x.device), num_warps=config.num_warps, launch_pdl=pdl,
+    )
+    _argmax_partials_kernel[(m,)](best_val, best_row, greedy, num_blocks,
+                                  BLOCK=triton.next_power_of_2(num_blocks), PDL=pdl, num_warps=4,
+                                  launch_pdl=pdl)
+    return logits, greedy

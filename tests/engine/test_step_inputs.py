@@ -1,0 +1,55 @@
+"""A step's device inputs written from the host: async scheduling's pending tokens
+(ModelRunner.fill_pending) and the graphs' block tables (BlockTableBuffer), on CPU tensors."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from osserve.engine.cuda_graphs import BlockTableBuffer, block_table_array
+from osserve.engine.runner import BatchEntry, ModelRunner
+
+PENDING = -7  # stands for engine.PENDING_TOKEN: the runner only reads prev_row
+
+
+def runner() -> ModelRunner:
+    return ModelRunner(None, [], 16, torch.device("cpu"))  # type: ignore[arg-type]
+
+
+def entry(tokens: list[int], prev_row: int = -1) -> BatchEntry:
+    return BatchEntry(tokens, 0, {}, True, prev_row)
+
+
+def test_pending_tokens_same_batch_as_before() -> None:
+    """Every row takes the same row of the previous step's ids (the one-copy path)."""
+    ids = torch.tensor([PENDING, PENDING, PENDING, 99])
+    runner().fill_pending(ids, [entry([PENDING], 0), entry([PENDING], 1), entry([PENDING], 2)],
+                          torch.tensor([11, 12, 13, 14]))
+    assert ids.tolist() == [11, 12, 13, 99]
+
+
+def test_pending_tokens_reordered_mixed_and_partial() -> None:
+    """Rows whose previous row differs, a prefill chunk between them, a row with every token known."""
+    entries = [entry([PENDING], 2), entry([5, 6, PENDING], 0), entry([8]), entry([PENDING], 1)]
+    ids = torch.tensor([PENDING, 5, 6, PENDING, 8, PENDING])
+    runner().fill_pending(ids, entries, torch.tensor([21, 22, 23]))
+    assert ids.tolist() == [23, 5, 6, 21, 8, 22]
+    ids = torch.tensor([PENDING, 4])  # row 0 takes previous row 1: not the copy path
+    runner().fill_pending(ids, [entry([PENDING], 1), entry([4])], torch.tensor([31, 32]))
+    assert ids.tolist() == [32, 4]
+    ids = torch.tensor([1, 2])  # nothing pending, or no previous step: untouched
+    runner().fill_pending(ids, [entry([1]), entry([2])], torch.tensor([9, 9]))
+    runner().fill_pending(ids, [entry([1]), entry([2])], None)
+    assert ids.tolist() == [1, 2]
+
+
+def test_block_tables_reset_past_their_width_only_where_stale() -> None:
+    buf = BlockTableBuffer(3, 6, torch.device("cpu"))
+    buf.write(block_table_array([[1, 2, 3, 4], [5]], 3))
+    assert buf.tensor.tolist() == [[1, 2, 3, 4, -1, -1], [5, -1, -1, -1, -1, -1], [-1] * 6]
+    buf.write(block_table_array([[7, 8]], 1))  # narrower: row 0's old columns 2-3 are reset
+    assert buf.tensor[0].tolist() == [7, 8, -1, -1, -1, -1]
+    assert buf.tensor[1].tolist() == [5, -1, -1, -1, -1, -1]  # rows past the step keep theirs
+    buf.write(block_table_array([[7, 8, 9], [6, 6], [1]], 3))
+    assert buf.tensor.tolist() == [[7, 8, 9, -1, -1, -1], [6, 6, -1, -1, -1, -1], [1, -1, -1, -1, -1, -1]]
+    assert np.array_equal(buf.written, [3, 3, 3])
