@@ -28,7 +28,7 @@ from osserve.ops.linear_triton import (
 )
 from osserve.ops.pdl import pdl_enter, pdl_launch, prefetch_rows
 
-NO_ROW = 2**31 - 1  # larger than any row index: loses every "first row" minimum
+NO_ROW = tl.constexpr(2**31 - 1)  # larger than any row index: loses every "first row" minimum
 
 
 @triton.jit
@@ -74,7 +74,7 @@ def _argmax_partials_kernel(best_val_ptr, best_row_ptr, out_ptr, num_blocks, BLO
 
 
 def fits_logits_triton(x: torch.Tensor, weight: torch.Tensor) -> bool:
-    return fits_small_m_linear(x, weight) and weight.shape[0] < NO_ROW
+    return fits_small_m_linear(x, weight) and weight.shape[0] < NO_ROW.value
 
 
 def logits_and_greedy_triton(
