@@ -1,5 +1,6 @@
 """A step's device inputs written from the host: async scheduling's pending tokens
-(ModelRunner.fill_pending) and the graphs' block tables (BlockTableBuffer), on CPU tensors."""
+(ModelRunner.fill_pending), the graphs' block tables (BlockTableBuffer) and their staged small
+inputs (StagedInputs), on CPU tensors."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import torch
 
 from osserve.engine.cuda_graphs import BlockTableBuffer, block_table_array
 from osserve.engine.runner import BatchEntry, ModelRunner
+from osserve.engine.staged_inputs import StagedInputs
 
 PENDING = -7  # stands for engine.PENDING_TOKEN: the runner only reads prev_row
 
@@ -53,3 +55,29 @@ def test_block_tables_reset_past_their_width_only_where_stale() -> None:
     buf.write(block_table_array([[7, 8, 9], [6, 6], [1]], 3))
     assert buf.tensor.tolist() == [[7, 8, 9, -1, -1, -1], [6, 6, -1, -1, -1, -1], [1, -1, -1, -1, -1, -1]]
     assert np.array_equal(buf.written, [3, 3, 3])
+
+
+def test_block_tables_equal_to_the_last_write_are_not_copied_again() -> None:
+    buf = BlockTableBuffer(2, 4, torch.device("cpu"))
+    buf.write(block_table_array([[1, 2]], 1))
+    buf.tensor[0, 0] = 42  # stands for the device's copy: an unchanged write leaves it be
+    buf.write(block_table_array([[1, 2]], 1))
+    assert buf.tensor[0].tolist() == [42, 2, -1, -1]
+    buf.write(block_table_array([[1, 2, 3]], 1))
+    assert buf.tensor[0].tolist() == [1, 2, 3, -1]
+
+
+def test_staged_inputs_one_buffer_typed_views_and_padding() -> None:
+    staged = StagedInputs(8, ["sliding", "full"], torch.device("cpu"))
+    assert staged.seq_lens.dtype == torch.int32 and staged.positions.dtype == torch.int64
+    assert staged.slots["full"].tolist() == [-1] * 8  # before any step: no KV write
+    staged.send(4, [5, -1, 7], np.array([10, 20, 30]), [11, 21, 31],
+                {"sliding": np.array([1, 2, 3]), "full": np.array([4, 5, 6])})
+    assert staged.input_ids[:4].tolist() == [5, -1, 7, 0]
+    assert staged.positions[:4].tolist() == [10, 20, 30, 0]
+    assert staged.seq_lens[:4].tolist() == [11, 21, 31, 0]
+    assert staged.slots["sliding"][:4].tolist() == [1, 2, 3, -1] and staged.slots["full"][:4].tolist() == [4, 5, 6, -1]
+    staged.send(2, [9], np.array([40]), [41], {"sliding": np.array([8]), "full": np.array([9])})  # the other buffer
+    assert staged.turn == 0
+    assert staged.input_ids[:2].tolist() == [9, 0]  # rows past b: not read by the graph of b rows
+    assert staged.seq_lens[:2].tolist() == [41, 0] and staged.slots["full"][:2].tolist() == [9, -1]

@@ -1,0 +1,71 @@
+"""A decode graph's small per-step inputs as rows of one device buffer, sent by one copy a step.
+
+A decode step's inputs are a handful of short arrays: token ids, positions, each layer group's KV
+slots (int64) and the sequence lengths (int32). Copied one by one they were five host-to-device
+copies a step on the GPU's queue ahead of the graph, a few microseconds each at batch 1. Here
+they are rows of one device byte buffer, which the graph reads through typed views captured
+once, and each step fills one of two persistent pinned host buffers and copies it in whole (a few
+KB even at batch 256).
+
+Two host buffers because the copy is asynchronous: the step after may fill the other one while
+this one is still being read. Before a buffer is filled again, the event recorded after its
+last copy is waited for (in the engine that copy is long done: the engine has read the sampled
+ids of the step that made it). A fresh pinned array per copy instead (the sixteenth session's
+version, reverted) went through PyTorch's pinned-memory cache every step.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+ROWS_BEFORE_SLOTS = 2  # int64 rows: ids, positions, then a slot row per layer group
+
+
+class StagedInputs:
+    def __init__(self, rows: int, groups: list[str], device: torch.device) -> None:
+        self.rows, self.groups = rows, groups
+        wide = ROWS_BEFORE_SLOTS + len(groups)
+        self.int64_bytes = wide * rows * 8
+        nbytes = self.int64_bytes + rows * 4
+        self.buffer = torch.zeros(nbytes, dtype=torch.uint8, device=device)
+        int64_rows = self.buffer[: self.int64_bytes].view(torch.int64).view(wide, rows)
+        # The views the graph reads.
+        self.input_ids, self.positions = int64_rows[0], int64_rows[1]
+        self.slots = {g: int64_rows[ROWS_BEFORE_SLOTS + i] for i, g in enumerate(groups)}
+        self.seq_lens = self.buffer[self.int64_bytes:].view(torch.int32)
+        self.slots_init = -1  # no KV write until a step says where
+        for s in self.slots.values():
+            s.fill_(self.slots_init)
+        cuda = device.type == "cuda"
+        self.host = [torch.zeros(nbytes, dtype=torch.uint8, pin_memory=cuda) for _ in range(2)]
+        self.copied = [torch.cuda.Event() if cuda else None for _ in range(2)]
+        self.recorded = [False, False]
+        self.turn = 0
+
+    def send(self, b: int, ids: list[int], positions: np.ndarray, seq_lens: list[int],
+             slots: dict[str, np.ndarray]) -> None:
+        """The first b rows of every field (real rows, then padding: id 0, position 0, length 0,
+        slot -1), copied to the device without waiting for it."""
+        t = self.turn
+        event = self.copied[t]
+        if event is not None and self.recorded[t]:
+            event.synchronize()
+        data = self.host[t].numpy()
+        int64_rows = data[: self.int64_bytes].view(np.int64).reshape(-1, self.rows)
+        n = len(ids)
+        _put(int64_rows[0], ids, n, b, 0)
+        _put(int64_rows[1], positions, n, b, 0)
+        for i, g in enumerate(self.groups):
+            _put(int64_rows[ROWS_BEFORE_SLOTS + i], slots[g], n, b, self.slots_init)
+        _put(data[self.int64_bytes:].view(np.int32), seq_lens, n, b, 0)
+        self.buffer.copy_(self.host[t], non_blocking=True)
+        if event is not None:
+            event.record()
+            self.recorded[t] = True
+        self.turn = 1 - t
+
+
+def _put(row: np.ndarray, values: np.ndarray | list[int], n: int, b: int, pad: int) -> None:
+    row[:n] = values
+    row[n:b] = pad
