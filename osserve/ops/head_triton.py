@@ -29,6 +29,15 @@ from osserve.ops.linear_triton import (
 from osserve.ops.pdl import pdl_enter, pdl_launch, prefetch_rows
 
 NO_ROW = tl.constexpr(2**31 - 1)  # larger than any row index: loses every "first row" minimum
+# One token: the fastest of a sweep (benchmarks/bench_head.py, H100), 391.5 µs against 399.1 for the
+# small-M linear's own config (64 rows, 128 columns a step, 4 warps, 5 stages); in the engine the 20b
+# batch-1 median TPOT went 1.860 -> 1.846 ms. At 32 tokens it was slower (426.2 against 423.4 µs), so
+# more tokens keep the linear's config.
+ONE_TOKEN_CONFIG = LinearConfig(block_n=32, block_k=256, num_warps=4, num_stages=6)
+
+
+def head_config(num_tokens: int) -> LinearConfig:
+    return ONE_TOKEN_CONFIG if num_tokens == 1 else DEFAULT_CONFIG
 
 
 @triton.jit
@@ -80,11 +89,12 @@ def fits_logits_triton(x: torch.Tensor, weight: torch.Tensor) -> bool:
 def logits_and_greedy_triton(
     x: torch.Tensor,  # [M, K], M <= linear_triton.MAX_TOKENS
     weight: torch.Tensor,  # [N, K] (lm_head)
-    config: LinearConfig = DEFAULT_CONFIG,
+    config: LinearConfig | None = None,  # None: head_config(M)
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(F.linear(x, weight).float() [M, N], its argmax over N [M] int64) in two launches."""
     assert fits_logits_triton(x, weight), (x.shape, x.stride(), weight.shape, x.dtype, weight.dtype)
     m, k = x.shape
+    config = config or head_config(m)
     n = weight.shape[0]
     assert weight.shape[1] == k
     num_blocks = triton.cdiv(n, config.block_n)

@@ -187,18 +187,22 @@ def test_small_m_linear_matches_f_linear(t: int, n: int, k: int) -> None:
 
 @pytest.mark.parametrize("t", [1, 2, 17, 32])
 def test_logits_and_greedy_on_the_real_vocab(t: int) -> None:
-    """The head's fused kernel (ops/head_triton.py) at gpt-oss's lm_head: its float32 logits are
-    bit for bit the small-M linear's bf16 output cast up, and its greedy ids torch.argmax's, ties
-    included (rows 5 and 150,001 duplicated; token 0 is made to prefer them)."""
+    """The head's fused kernel (ops/head_triton.py) at gpt-oss's lm_head: with the small-M linear's
+    config its float32 logits are bit for bit that kernel's bf16 output cast up; with its own
+    one-token config (another K order) within a bf16 rounding of them and exactly bf16 values; its greedy
+    ids are torch.argmax's, ties included (rows 5 and 150,001 duplicated; token 0 prefers them)."""
     from osserve.ops.head_triton import logits_and_greedy_triton
-    from osserve.ops.linear_triton import small_m_linear_triton
+    from osserve.ops.linear_triton import DEFAULT_CONFIG, small_m_linear_triton
 
     g = torch.Generator(device="cuda").manual_seed(t)
     x = torch.randn(t, HIDDEN, device="cuda", generator=g).bfloat16()
     w = (torch.randn(201088, HIDDEN, device="cuda", generator=g) / HIDDEN**0.5).bfloat16()
     w[5] = w[150_001] = x[0] / x[0].float().norm()
+    ref = small_m_linear_triton(x, w, None).float()
+    assert torch.equal(logits_and_greedy_triton(x, w, DEFAULT_CONFIG)[0], ref)
     logits, greedy = logits_and_greedy_triton(x, w)
-    assert torch.equal(logits, small_m_linear_triton(x, w, None).float())
+    assert torch.equal(logits, logits.bfloat16().float())
+    assert ((logits - ref).abs() <= ref.abs() / 128 + 1e-4).all()  # a bf16 ulp, or fp32 sums near 0
     assert torch.equal(greedy, logits.argmax(-1))
     assert greedy[0].item() == 5
 

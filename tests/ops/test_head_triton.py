@@ -42,3 +42,5 @@ def test_ties_go_to_the_first_row() -> None:
     assert torch.equal(greedy, logits.argmax(-1))
     x = torch.zeros(1, k)  # every logit 0: row 0
     assert logits_and_greedy_triton(x, w, SMALL)[1].tolist() == [0]
+    x = torch.eye(3, k)[1:2]  # one token, the default config (head_config: its own for one token)
+    assert logits_and_greedy_triton(x, w)[1].tolist() == [20]
