@@ -3,7 +3,9 @@
 A decode step launches hundreds of small kernels (24-36 layers of norms, GEMMs, attention, MoE);
 replaying a captured graph removes the launch gaps. Graphs are captured once per batch size in
 `sizes` (a batch is padded up to the next size), reading every input from persistent buffers
-that each step overwrites. Padded rows write no KV (slot -1) and attend to nothing (length 0).
+that each step overwrites: the block tables, and the small inputs staged in one device buffer
+(engine/staged_inputs.py). Padded rows write no KV (slot -1) and attend to nothing (length 0).
+Up to HEAD_MAX_BATCH the graph also takes the logits head (ops/head_triton.py).
 Attention is captured with the longest context as its bound (the split-KV kernel reads each
 sequence's real length on the device), so one graph serves every context length.
 """
