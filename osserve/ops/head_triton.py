@@ -23,10 +23,10 @@ from osserve.ops.linear_triton import (
     LinearConfig,
     fits_small_m_linear,
     prefetch_lines,
-    small_m_dot,
+    small_m_block,
     stages_that_fit,
 )
-from osserve.ops.pdl import pdl_enter, pdl_launch, prefetch_rows
+from osserve.ops.pdl import pdl_enter, pdl_launch
 
 NO_ROW = tl.constexpr(2**31 - 1)  # larger than any row index: loses every "first row" minimum
 # One token: the fastest of a sweep (benchmarks/bench_head.py, H100), 391.5 µs against 399.1 for the
@@ -47,16 +47,8 @@ def _logits_kernel(
     NUM_STAGES: tl.constexpr, DOT_PRECISION: tl.constexpr, PDL: tl.constexpr, PREFETCH: tl.constexpr,
 ):  # noqa: ANN001
     pid = tl.program_id(0)
-    rn = pid * BLOCK_N + tl.arange(0, BLOCK_N)
-    rm = tl.arange(0, BLOCK_M)
-    n_ok = rn < N
-    m_ok = rm < M
-    w_rows = w_ptr + rn.to(tl.int64)[:, None] * stride_wn
-    x_cols = x_ptr + rm[None, :] * stride_xm
-    prefetch_rows(w_rows, w_ptr, n_ok, 0, K, PREFETCH)  # a weight: before the wait (ops/pdl.py)
-    pdl_enter(PDL)
-    acc = small_m_dot(w_rows, x_cols, n_ok, m_ok, 0, K, BLOCK_N, BLOCK_M, BLOCK_K, EVEN_K, NUM_STAGES,
-                      DOT_PRECISION)
+    acc, rn, rm, n_ok, m_ok = small_m_block(x_ptr, w_ptr, pid, M, N, 0, K, stride_xm, stride_wn, BLOCK_N, BLOCK_M,
+                                            BLOCK_K, EVEN_K, NUM_STAGES, DOT_PRECISION, PDL, PREFETCH)
     # F.linear's output is rounded to x's dtype; the sampler then reads it as float32.
     logits = acc.to(x_ptr.dtype.element_ty).to(tl.float32)  # [BLOCK_N, BLOCK_M]
     ok = n_ok[:, None] & m_ok[None, :]

@@ -84,26 +84,39 @@ def small_m_dot(w_rows, x_cols, n_ok, m_ok, k_start, k_end, BLOCK_N: tl.constexp
 
 
 @triton.jit
-def _small_m_linear_kernel(
-    x_ptr, w_ptr, b_ptr, out_ptr, M, N, K, stride_xm, stride_wn, stride_os, stride_om, k_per_split,
-    HAS_BIAS: tl.constexpr, EVEN_K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr,
-    BLOCK_K: tl.constexpr, NUM_STAGES: tl.constexpr, DOT_PRECISION: tl.constexpr, PDL: tl.constexpr,
-    PREFETCH: tl.constexpr,
-):  # noqa: ANN001
-    pid = tl.program_id(0)
-    split = tl.program_id(1)  # K split: this program's partial sum goes to out[split]
+def small_m_block(x_ptr, w_ptr, pid, M, N, k_start, k_end, stride_xm, stride_wn, BLOCK_N: tl.constexpr,
+                  BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, NUM_STAGES: tl.constexpr,
+                  DOT_PRECISION: tl.constexpr, PDL: tl.constexpr, PREFETCH: tl.constexpr):  # noqa: ANN001, ANN201
+    """A program's part of the product: weight rows pid * BLOCK_N + [0, BLOCK_N) against every token,
+    over columns [k_start, k_end). Prefetches the rows into L2 and waits for the predecessor
+    (ops/pdl.py) first. Returns (acc [BLOCK_N, BLOCK_M] fp32, rows, tokens, rows' mask, tokens' mask).
+    Shared with head_triton.py."""
     rn = pid * BLOCK_N + tl.arange(0, BLOCK_N)
     rm = tl.arange(0, BLOCK_M)
     n_ok = rn < N
     m_ok = rm < M
     w_rows = w_ptr + rn.to(tl.int64)[:, None] * stride_wn
     x_cols = x_ptr + rm[None, :] * stride_xm
-    k_start = split * k_per_split
-    k_end = tl.minimum(k_start + k_per_split, K)
     prefetch_rows(w_rows, w_ptr, n_ok, k_start, k_end, PREFETCH)  # a weight: before the wait (ops/pdl.py)
     pdl_enter(PDL)
     acc = small_m_dot(w_rows, x_cols, n_ok, m_ok, k_start, k_end, BLOCK_N, BLOCK_M, BLOCK_K, EVEN_K,
                       NUM_STAGES, DOT_PRECISION)
+    return acc, rn, rm, n_ok, m_ok
+
+
+@triton.jit
+def _small_m_linear_kernel(
+    x_ptr, w_ptr, b_ptr, out_ptr, M, N, K, stride_xm, stride_wn, stride_os, stride_om, k_per_split,
+    HAS_BIAS: tl.constexpr, EVEN_K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr,
+    BLOCK_K: tl.constexpr, NUM_STAGES: tl.constexpr, DOT_PRECISION: tl.constexpr, PDL: tl.constexpr,
+    PREFETCH: tl.constexpr,
+):  # noqa: ANN001
+    split = tl.program_id(1)  # K split: this program's partial sum goes to out[split]
+    k_start = split * k_per_split
+    k_end = tl.minimum(k_start + k_per_split, K)
+    acc, rn, rm, n_ok, m_ok = small_m_block(x_ptr, w_ptr, tl.program_id(0), M, N, k_start, k_end, stride_xm,
+                                            stride_wn, BLOCK_N, BLOCK_M, BLOCK_K, EVEN_K, NUM_STAGES,
+                                            DOT_PRECISION, PDL, PREFETCH)
     if HAS_BIAS:
         if split == 0:
             acc += tl.load(b_ptr + rn, mask=n_ok, other=0.0).to(tl.float32)[:, None]
