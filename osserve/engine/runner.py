@@ -101,7 +101,7 @@ class ModelRunner:
         ends = np.cumsum(np.fromiter((len(e.token_ids) for e in entries), dtype=np.int64, count=n)) - 1
         rows, prev = ends[pending], prev_rows[pending]
         p = len(pending)
-        if rows[-1] == p - 1 and np.array_equal(rows, prev):
+        if rows[-1] == p - 1 and np.array_equal(rows, prev):  # rows rise strictly: rows == 0..P-1
             # Rows 0..P-1 take prev_tokens[0..P-1] (steady decode: the same batch as the step before):
             # one device copy, instead of an index upload, a gather and a scatter.
             input_ids[:p].copy_(prev_tokens[:p])

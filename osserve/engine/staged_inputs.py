@@ -10,8 +10,8 @@ KB even at batch 256).
 Two host buffers because the copy is asynchronous: the step after may fill the other one while
 this one is still being read. Before a buffer is filled again, the event recorded after its
 last copy is waited for (in the engine that copy is long done: the engine has read the sampled
-ids of the step that made it). A fresh pinned array per copy instead (the sixteenth session's
-version, reverted) went through PyTorch's pinned-memory cache every step.
+ids of the step that made it). The sixteenth session's version, reverted after a served run lost
+throughput for a reason not found, pinned a fresh array for every copy instead.
 """
 
 from __future__ import annotations
@@ -20,9 +20,12 @@ import numpy as np
 import torch
 
 ROWS_BEFORE_SLOTS = 2  # int64 rows: ids, positions, then a slot row per layer group
+NO_SLOT = -1  # a KV slot that writes nothing
 
 
 class StagedInputs:
+    """The device buffer, its typed views, and the two host buffers that fill it."""
+
     def __init__(self, rows: int, groups: list[str], device: torch.device) -> None:
         self.rows, self.groups = rows, groups
         wide = ROWS_BEFORE_SLOTS + len(groups)
@@ -34,9 +37,8 @@ class StagedInputs:
         self.input_ids, self.positions = int64_rows[0], int64_rows[1]
         self.slots = {g: int64_rows[ROWS_BEFORE_SLOTS + i] for i, g in enumerate(groups)}
         self.seq_lens = self.buffer[self.int64_bytes:].view(torch.int32)
-        self.slots_init = -1  # no KV write until a step says where
-        for s in self.slots.values():
-            s.fill_(self.slots_init)
+        for s in self.slots.values():  # no KV write until a step says where
+            s.fill_(NO_SLOT)
         cuda = device.type == "cuda"
         self.host = [torch.zeros(nbytes, dtype=torch.uint8, pin_memory=cuda) for _ in range(2)]
         self.copied = [torch.cuda.Event() if cuda else None for _ in range(2)]
@@ -46,7 +48,8 @@ class StagedInputs:
     def send(self, b: int, ids: list[int], positions: np.ndarray, seq_lens: list[int],
              slots: dict[str, np.ndarray]) -> None:
         """The first b rows of every field (real rows, then padding: id 0, position 0, length 0,
-        slot -1), copied to the device without waiting for it."""
+        slot -1), copied to the device without waiting for it. The whole buffer is copied: rows
+        past b hold what this host buffer last had, which a graph of b rows never reads."""
         t = self.turn
         event = self.copied[t]
         if event is not None and self.recorded[t]:
@@ -57,7 +60,7 @@ class StagedInputs:
         _put(int64_rows[0], ids, n, b, 0)
         _put(int64_rows[1], positions, n, b, 0)
         for i, g in enumerate(self.groups):
-            _put(int64_rows[ROWS_BEFORE_SLOTS + i], slots[g], n, b, self.slots_init)
+            _put(int64_rows[ROWS_BEFORE_SLOTS + i], slots[g], n, b, NO_SLOT)
         _put(data[self.int64_bytes:].view(np.int32), seq_lens, n, b, 0)
         self.buffer.copy_(self.host[t], non_blocking=True)
         if event is not None:

@@ -4,8 +4,9 @@ At batch 1 the logits projection (lm_head [201088, 2880] bf16, 1.16 GB) is a fif
 step, streamed by the small-M linear kernel at ~3 TB/s. Around it the step launched two more
 kernels: the cast of the bf16 logits to float32 for the sampler, and torch's argmax over 201,088
 of them. Here the projection's epilogue does both of their jobs:
-- it stores the logits as float32, rounded through x's dtype first, so they are bit for bit
-  `F.linear(x, W).float()`;
+- it stores the logits as float32, rounded through x's dtype first: the values of
+  `F.linear(x, W).float()` up to the order of the fp32 sums (bit for bit those of the small-M
+  linear when run with its config; one token runs its own, ONE_TOKEN_CONFIG);
 - each program also stores, per token, the largest of its BLOCK_N logits and the first row that
   holds it. A second launch (one program per token) picks the best of those partials, the first
   among equals: torch.argmax's index.
