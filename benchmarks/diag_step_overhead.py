@@ -11,6 +11,10 @@ Timings of the same engine, CUDA events over many back-to-back iterations:
 - the engine's own step (median TPOT of a 1024-token prompt's decode): the inputs copied in, the
   pending token written, the graph, the sampler, the copy of the id to the host.
 step - engine graph is what the step spends beside the model: copies, small kernels and gaps.
+Then the engine graph again with the step's own operations added one at a time, as the engine
+issues them: the staged inputs' host-to-device copy (the pending token read inside the graph,
+engine/cuda_graphs.py), the sampled id's copy to pinned host memory and its event; and, for
+comparison, the device copy of the pending token into the input ids that the steps before made.
 """
 
 from __future__ import annotations
@@ -19,11 +23,13 @@ import argparse
 import time
 from functools import partial
 
+import numpy as np
 import torch
 
 from osserve.bench.latency import run_once
 from osserve.engine.cuda_graphs import capture_graph
 from osserve.engine.load import EngineArgs, build_engine
+from osserve.engine.staged_inputs import NO_SLOT
 
 
 def per_iteration_us(fn, iterations: int = 300) -> float:  # type: ignore[no-untyped-def]
@@ -54,6 +60,8 @@ def main() -> None:
     assert graphs is not None and graphs.outputs[1].logits is not None
     model = runner.model
     # The decoder layers alone as a graph of their own (the engine's batch-1 graph takes the head).
+    # The engine's last steps left their input id pending (-1: read inside its graph): give one.
+    graphs.input_ids.zero_()
     layers, hidden = capture_graph(partial(model, graphs.input_ids[:1], graphs.positions[:1], graphs._meta(1),
                                            runner.kv_caches), None)
     layers_us = per_iteration_us(layers.replay)
@@ -68,6 +76,34 @@ def main() -> None:
     host_head_us = (time.perf_counter() - t0) * 1e4
     torch.cuda.synchronize()
     step_us = step.tpot_median_ms * 1000
+    out = graphs.outputs[1]
+    assert out.greedy is not None
+    position = np.array([1024], dtype=np.int64)
+    no_slots = {g: np.array([NO_SLOT], dtype=np.int64) for g in graphs.groups}  # writes no KV
+
+    in_graph = np.array([0], dtype=np.int64)  # the token is row 0 of the head's last ids
+
+    def staged() -> None:
+        graphs.staged.send(1, [0], position, [1025], no_slots, in_graph)
+        graphs.graphs[1].replay()
+
+    def to_host() -> None:
+        staged()
+        assert out.greedy is not None
+        host = torch.empty(1, dtype=torch.int64, pin_memory=True)
+        host.copy_(out.greedy[:1], non_blocking=True)
+        torch.cuda.Event().record()
+
+    def copied() -> None:
+        graphs.staged.send(1, [0], position, [1025], no_slots)
+        assert out.greedy is not None
+        graphs.input_ids[:1].copy_(out.greedy[:1])  # the pending token as the steps before wrote it
+        graphs.graphs[1].replay()
+        host = torch.empty(1, dtype=torch.int64, pin_memory=True)
+        host.copy_(out.greedy[:1], non_blocking=True)
+        torch.cuda.Event().record()
+
+    staged_us, host_us, copied_us = (per_iteration_us(f) for f in (staged, to_host, copied))
     print(f"\n{torch.cuda.get_device_name()}, {args.preset}, batch 1")
     rows = [
         ("decoder layers (a graph)", layers_us, ""),
@@ -76,6 +112,9 @@ def main() -> None:
         ("engine graph (head inside)", engine_graph_us, f"head + argmax {engine_graph_us - layers_us:.1f}"),
         ("engine step (median TPOT)", step_us, f"beside the graph {step_us - engine_graph_us:.1f}"),
         ("head enqueue on the host", host_head_us, ""),
+        ("engine graph + staged copy", staged_us, f"copy {staged_us - engine_graph_us:.1f}"),
+        ("+ id to the host, event", host_us, f"copy and event {host_us - staged_us:.1f}"),
+        ("the same, pending token copied", copied_us, f"device copy {copied_us - host_us:.1f}"),
     ]
     for name, us, note in rows:
         print(f"{name:>28} {us:9.1f} us   {note}")

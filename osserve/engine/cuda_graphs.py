@@ -5,7 +5,11 @@ replaying a captured graph removes the launch gaps. Graphs are captured once per
 `sizes` (a batch is padded up to the next size), reading every input from persistent buffers
 that each step overwrites: the block tables, and the small inputs staged in one device buffer
 (engine/staged_inputs.py). Padded rows write no KV (slot -1) and attend to nothing (length 0).
-Up to HEAD_MAX_BATCH the graph also takes the logits head (ops/head_triton.py).
+Up to HEAD_MAX_BATCH the graph also takes the logits head (ops/head_triton.py), whose greedy ids
+land in one buffer shared by every size, `sampled`. A step after such a step reads its pending
+tokens (async scheduling) from there inside the graph, in the embedding's gather (ops/norm.py,
+PendingTokens): an 8-byte device copy before the replay cost the batch-1 step ~24 µs on an H100
+(benchmarks/diag_step_overhead.py).
 Attention is captured with the longest context as its bound (the split-KV kernel reads each
 sequence's real length on the device), so one graph serves every context length.
 """
@@ -27,6 +31,7 @@ import torch
 from osserve.engine.staged_inputs import StagedInputs
 from osserve.model.gpt_oss import GptOssForCausalLM, KVCache
 from osserve.ops.attention import AttentionMetadata, BlockTables
+from osserve.ops.norm import PendingTokens
 
 log = logging.getLogger("osserve")
 T = TypeVar("T")
@@ -62,6 +67,7 @@ class DecodeGraphs:
         width = math.ceil(max_model_len / block_size)
         self.staged = StagedInputs(n, groups, dev)  # ids, positions, slots, lengths: one copy a step
         self.input_ids, self.positions = self.staged.input_ids, self.staged.positions
+        self.sampled = torch.zeros(n, dtype=torch.int64, device=dev)  # the head's greedy ids, any size
         self.seq_lens, self.slots = self.staged.seq_lens, self.staged.slots
         self.query_start_loc = torch.arange(n + 1, dtype=torch.int32, device=dev)
         self.tables = {g: BlockTableBuffer(n, width, dev) for g in groups}
@@ -86,26 +92,36 @@ class DecodeGraphs:
         log.info("captured decode CUDA graphs for batch sizes %s", self.sizes)
 
     def _step(self, b: int) -> StepOutputs:
-        hidden = self.model(self.input_ids[:b], self.positions[:b], self._meta(b), self.kv_caches)
+        pending = PendingTokens(self.staged.pending_rows[:b], self.sampled)
+        hidden = self.model(self.input_ids[:b], self.positions[:b], self._meta(b), self.kv_caches, pending)
         if b > HEAD_MAX_BATCH:
             return StepOutputs(hidden)
-        return StepOutputs(hidden, *self.model.compute_logits_and_greedy(hidden))
+        return StepOutputs(hidden, *self.model.compute_logits_and_greedy(hidden, greedy_out=self.sampled[:b]))
 
     def can_run(self, batch: int) -> bool:
         return bool(self.graphs) and batch <= self.sizes[-1]
 
+    def holds(self, prev_tokens: torch.Tensor | None) -> bool:
+        """Whether prev_tokens (the last step's sampled ids) are the head's, in `sampled`: a graph
+        then reads the pending tokens itself (run's pending_rows)."""
+        return prev_tokens is not None and prev_tokens.data_ptr() == self.sampled.data_ptr()
+
     def run(self, input_ids: list[int], positions: list[int], seq_lens: list[int],
             tables: dict[str, list[list[int]]],
-            fill_pending: Callable[[torch.Tensor], None] | None = None) -> StepOutputs:
-        """The outputs of one decode step, [len(input_ids)] rows. fill_pending(ids) writes the
-        tokens still on the device into the step's input ids (async scheduling)."""
+            fill_pending: Callable[[torch.Tensor], None] | None = None,
+            pending_rows: np.ndarray | None = None) -> StepOutputs:
+        """The outputs of one decode step, [len(input_ids)] rows. The tokens still on the device
+        (async scheduling) come either from pending_rows (each row's row of `sampled`, -1 where
+        input_ids has the id; only where holds(the last step's ids)) or from fill_pending(ids),
+        which writes them into the step's input ids."""
         n = len(input_ids)
         b = self.sizes[bisect.bisect_left(self.sizes, n)]
         # Host-side work is the step's budget at large batches: build with numpy, copy once.
         pos = np.asarray(positions, dtype=np.int64)
         rows = {g: block_table_array(tables[g], b) for g in self.groups}
         self.staged.send(b, input_ids, pos, seq_lens,
-                         {g: slot_mapping(rows[g][:n], np.arange(n), pos, self.block_size) for g in self.groups})
+                         {g: slot_mapping(rows[g][:n], np.arange(n), pos, self.block_size) for g in self.groups},
+                         pending_rows)
         if fill_pending is not None:
             fill_pending(self.input_ids[:n])
         for g in self.groups:

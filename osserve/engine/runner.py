@@ -118,11 +118,14 @@ class ModelRunner:
         if self.graphs is not None and self.graphs.can_run(len(entries)) and all(
             len(e.token_ids) == 1 and e.sample for e in entries
         ):
+            in_graph = self.graphs.holds(prev_tokens)  # the graph reads the pending tokens itself
             out = self.graphs.run(
                 [e.token_ids[0] for e in entries], [e.start_pos for e in entries],
                 [e.start_pos + 1 for e in entries],
                 {g: [e.block_tables[g] for e in entries] for g in entries[0].block_tables},
-                fill_pending=lambda ids: self.fill_pending(ids, entries, prev_tokens),
+                fill_pending=None if in_graph else lambda ids: self.fill_pending(ids, entries, prev_tokens),
+                pending_rows=np.fromiter((e.prev_row for e in entries), dtype=np.int64, count=len(entries))
+                if in_graph else None,
             )
             if out.logits is not None:  # the graph took the head
                 return out.logits, out.greedy

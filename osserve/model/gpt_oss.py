@@ -24,7 +24,7 @@ from osserve.ops.moe import ExpertWeights, fused_moe
 
 if TYPE_CHECKING:
     from osserve.ops.moe_triton import PreparedExperts
-from osserve.ops.norm import add_rms_norm, rms_norm
+from osserve.ops.norm import PendingTokens, add_rms_norm, embed_rms_norm
 from osserve.ops.rope import RopeTable, qkv_rope_and_cache, rope_and_cache_table
 from osserve.ops.router import add_norm_route_with_plan, router_counters
 
@@ -171,19 +171,16 @@ class DecoderLayer(nn.Module):
 
     def forward(
         self,
-        h: torch.Tensor,
-        residual: torch.Tensor | None,
+        x: torch.Tensor,
+        residual: torch.Tensor,
         positions: torch.Tensor,
         rope: RopeTable,
         meta: AttentionMetadata,
         kv_cache: KVCache,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Returns (this layer's MLP output, the residual stream before it): the next layer's
-        input norm adds the two, so each residual add is fused with the norm after it."""
-        if residual is None:
-            residual, x = h, rms_norm(h, self.input_layernorm.weight, self.eps)
-        else:
-            x, residual = add_rms_norm(h, residual, self.input_layernorm.weight, self.eps)
+        """x: the input norm's rows (applied by the model, fused with the step before it: the
+        embedding's gather or the last layer's residual add); residual: the stream they came from.
+        Returns (this layer's MLP output, the residual stream before it): the next norm adds the two."""
         a = self.self_attn(x, positions, rope, meta, kv_cache)
         return self.mlp(a, residual, self.post_attention_layernorm.weight, self.eps)
 
@@ -232,31 +229,36 @@ class GptOssForCausalLM(nn.Module):
         positions: torch.Tensor,  # [T] int64
         meta: AttentionMetadata,
         kv_caches: list[KVCache],  # one per layer
+        pending: PendingTokens | None = None,  # ids still on the device (async scheduling)
     ) -> torch.Tensor:
-        """Returns the final hidden states [T, hidden] (logits only where the runner asks)."""
-        h = self.model.embed_tokens(input_ids)
+        """Returns the final hidden states [T, hidden] (logits only where the runner asks).
+        Each layer's input norm (and the final one) runs here, fused with what comes before it:
+        the embedding's gather for the first, the residual add of the layer before for the rest."""
+        layers: list[DecoderLayer] = list(self.model.layers)  # type: ignore[arg-type]
+        eps = self.config.rms_norm_eps
         rope = self.rope_table  # positions must be < max_position_embeddings
-        residual: torch.Tensor | None = None
-        for layer, kv in zip(self.model.layers, kv_caches, strict=True):
-            h, residual = layer(h, residual, positions, rope, meta, kv)
-        assert residual is not None
-        out, _ = add_rms_norm(h, residual, self.model.norm.weight, self.config.rms_norm_eps)
-        return out
+        norms = [layer.input_layernorm.weight for layer in layers] + [self.model.norm.weight]
+        x, residual = embed_rms_norm(input_ids, self.model.embed_tokens.weight, norms[0], eps, pending)
+        for layer, kv, norm in zip(layers, kv_caches, norms[1:], strict=True):
+            h, residual = layer(x, residual, positions, rope, meta, kv)
+            x, residual = add_rms_norm(h, residual, norm, eps)
+        return x
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden [N, hidden] -> logits [N, vocab] in float32."""
         return linear(hidden, self.lm_head.weight).float()
 
-    def compute_logits_and_greedy(self, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def compute_logits_and_greedy(self, hidden: torch.Tensor, greedy_out: torch.Tensor | None = None,
+                                  ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """(compute_logits(hidden), their argmax [N] int64 where it comes with them, else None). At
         decode sizes on the GPU one kernel writes the float32 logits and argmax partials, and a
-        second picks the ids (ops/head_triton.py); elsewhere the sampler takes its own argmax
-        where it needs one."""
+        second picks the ids (ops/head_triton.py), into greedy_out where given; elsewhere the
+        sampler takes its own argmax where it needs one."""
         if use_triton(hidden):
             from osserve.ops.head_triton import fits_logits_triton, logits_and_greedy_triton
 
             if fits_logits_triton(hidden, self.lm_head.weight):
-                return logits_and_greedy_triton(hidden, self.lm_head.weight)
+                return logits_and_greedy_triton(hidden, self.lm_head.weight, greedy_out=greedy_out)
         return self.compute_logits(hidden), None
 
     def fuse_qkv(self) -> None:

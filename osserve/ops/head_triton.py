@@ -83,6 +83,7 @@ def logits_and_greedy_triton(
     x: torch.Tensor,  # [M, K], M <= linear_triton.MAX_TOKENS
     weight: torch.Tensor,  # [N, K] (lm_head)
     config: LinearConfig | None = None,  # None: head_config(M)
+    greedy_out: torch.Tensor | None = None,  # [M] int64 to write the ids into (None: a new tensor)
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(F.linear(x, weight).float() [M, N], its argmax over N [M] int64) in two launches."""
     assert fits_logits_triton(x, weight), (x.shape, x.stride(), weight.shape, x.dtype, weight.dtype)
@@ -94,7 +95,8 @@ def logits_and_greedy_triton(
     logits = torch.empty(m, n, dtype=torch.float32, device=x.device)
     best_val = torch.empty(m, num_blocks, dtype=torch.float32, device=x.device)
     best_row = torch.empty(m, num_blocks, dtype=torch.int32, device=x.device)
-    greedy = torch.empty(m, dtype=torch.int64, device=x.device)
+    greedy = torch.empty(m, dtype=torch.int64, device=x.device) if greedy_out is None else greedy_out
+    assert greedy.shape == (m,) and greedy.dtype == torch.int64 and greedy.is_contiguous()
     block_m = max(16, triton.next_power_of_2(m))
     pdl = pdl_launch(x.device)
     _logits_kernel[(num_blocks,)](

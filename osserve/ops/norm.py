@@ -6,13 +6,28 @@ on CUDA tensors.
 The x of `add_rms_norm` may come unreduced, [S, T, k, H]: as the fused MoE leaves its output (K
 splits by each token's k experts, see ops/moe.py), or a decode projection its K-split partials
 (k = 1, ops/linear.py). It is summed over S and k in float32 and rounded to the residual's dtype
-before the add, so neither needs a summing pass of its own."""
+before the add, so neither needs a summing pass of its own.
+
+`embed_rms_norm` is the first layer's norm with the embedding's gather in it, which may also
+take ids still on the device (PendingTokens)."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
+import torch.nn.functional as F
 
 from osserve.ops.dispatch import use_triton
+
+
+@dataclass(frozen=True)
+class PendingTokens:
+    """Input ids still on the device (async scheduling): token t's id is sampled[rows[t]] where
+    rows[t] >= 0, else the id given. embed_rms_norm reads them in its gather."""
+
+    rows: torch.Tensor  # [T] int64
+    sampled: torch.Tensor  # [N] int64: the last step's sampled ids
 
 
 def rms_norm_reference(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -51,3 +66,23 @@ def add_rms_norm(
 
         return add_rms_norm_triton(x, residual, weight, eps)
     return add_rms_norm_reference(x, residual, weight, eps)
+
+
+def embed_rms_norm_reference(ids: torch.Tensor, table: torch.Tensor, weight: torch.Tensor, eps: float,
+                             pending: PendingTokens | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(norm(table[ids]), table[ids]): the first layer's input and the residual stream."""
+    if pending is not None:
+        ids = torch.where(pending.rows >= 0, pending.sampled[pending.rows.clamp(min=0)], ids)
+    rows = F.embedding(ids, table)
+    return rms_norm_reference(rows, weight, eps), rows
+
+
+def embed_rms_norm(ids: torch.Tensor, table: torch.Tensor, weight: torch.Tensor, eps: float,
+                   pending: PendingTokens | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    if use_triton(table):
+        from osserve.ops.norm_triton import embed_rms_norm_triton
+
+        if pending is None:
+            return embed_rms_norm_triton(ids, table, weight, eps)
+        return embed_rms_norm_triton(ids, table, weight, eps, pending.rows, pending.sampled)
+    return embed_rms_norm_reference(ids, table, weight, eps, pending)

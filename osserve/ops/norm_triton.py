@@ -7,6 +7,9 @@ write of the sum and the normed row, where the unfused sequence makes ~7 passes.
 x may also come unreduced, as the MoE or a K-split projection leaves it (norm.py: [S, T, k, H],
 summed over S and k): the program then adds its token's S·k rows first, which saves a launch and
 a round trip of the summed rows through memory.
+
+The first layer's norm also takes the embedding's gather (embed_rms_norm_triton): its program
+loads its token's table row where the others load x.
 """
 
 from __future__ import annotations
@@ -104,6 +107,52 @@ def add_rms_norm_triton(
                                    BLOCK=triton.next_power_of_2(h), PDL=pdl,
                                    num_warps=num_warps or default_warps(h, parts_s * parts_j), launch_pdl=pdl)
     return out, summed
+
+
+@triton.jit
+def _embed_rms_norm_kernel(ids_ptr, prev_rows_ptr, sampled_ptr, table_ptr, w_ptr, out_ptr, h_ptr, stride_table,
+                           H: tl.constexpr, eps, PENDING: tl.constexpr, BLOCK: tl.constexpr,
+                           PDL: tl.constexpr):  # noqa: ANN001
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK)
+    mask = cols < H
+    w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)  # a weight: before the wait (ops/pdl.py)
+    pdl_enter(PDL)
+    token = tl.load(ids_ptr + row)
+    if PENDING:  # the id is still on the device: row prev of the last step's sampled ids
+        prev = tl.load(prev_rows_ptr + row)
+        if prev >= 0:
+            token = tl.load(sampled_ptr + prev)
+    h = tl.load(table_ptr + token.to(tl.int64) * stride_table + cols, mask=mask, other=0.0)
+    tl.store(h_ptr + row * H + cols, h, mask=mask)
+    x = h.to(tl.float32)
+    y = w * (x * row_rstd(x, H, eps))
+    tl.store(out_ptr + row * H + cols, y.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+def embed_rms_norm_triton(
+    ids: torch.Tensor,  # [T] int
+    table: torch.Tensor,  # [vocab, H], rows contiguous
+    weight: torch.Tensor,  # [H]
+    eps: float,
+    prev_rows: torch.Tensor | None = None,  # [T] int64: -1, or the row of `sampled` holding the id
+    sampled: torch.Tensor | None = None,  # [N] int64
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(norm(table[ids]), table[ids]) in one pass: the gather is the norm kernel's load. With
+    prev_rows, a token whose id is still on the device reads it from `sampled` first (async
+    scheduling's pending tokens, without a copy into ids before the step)."""
+    t, h = ids.shape[0], table.shape[1]
+    assert table.stride(1) == 1 and (prev_rows is None) == (sampled is None)
+    rows = torch.empty(t, h, dtype=table.dtype, device=table.device)
+    out = torch.empty_like(rows)
+    pdl = pdl_launch(table.device)
+    if t:
+        _embed_rms_norm_kernel[(t,)](ids, prev_rows if prev_rows is not None else ids,
+                                     sampled if sampled is not None else ids, table, weight, out, rows,
+                                     table.stride(0), h, eps, PENDING=prev_rows is not None,
+                                     BLOCK=triton.next_power_of_2(h), PDL=pdl, num_warps=default_warps(h, 1),
+                                     launch_pdl=pdl)
+    return out, rows
 
 
 def default_warps(hidden: int, parts: int) -> int:

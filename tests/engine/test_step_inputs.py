@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from osserve.engine.cuda_graphs import BlockTableBuffer, block_table_array
+from osserve.engine.cuda_graphs import BlockTableBuffer, DecodeGraphs, StepOutputs, block_table_array
 from osserve.engine.runner import BatchEntry, ModelRunner
 from osserve.engine.staged_inputs import StagedInputs
 
@@ -71,13 +71,41 @@ def test_staged_inputs_one_buffer_typed_views_and_padding() -> None:
     staged = StagedInputs(8, ["sliding", "full"], torch.device("cpu"))
     assert staged.seq_lens.dtype == torch.int32 and staged.positions.dtype == torch.int64
     assert staged.slots["full"].tolist() == [-1] * 8  # before any step: no KV write
+    assert staged.pending_rows.tolist() == [-1] * 8
     staged.send(4, [5, -1, 7], np.array([10, 20, 30]), [11, 21, 31],
-                {"sliding": np.array([1, 2, 3]), "full": np.array([4, 5, 6])})
+                {"sliding": np.array([1, 2, 3]), "full": np.array([4, 5, 6])}, np.array([-1, 2, -1]))
     assert staged.input_ids[:4].tolist() == [5, -1, 7, 0]
+    assert staged.pending_rows[:4].tolist() == [-1, 2, -1, -1]
     assert staged.positions[:4].tolist() == [10, 20, 30, 0]
     assert staged.seq_lens[:4].tolist() == [11, 21, 31, 0]
     assert staged.slots["sliding"][:4].tolist() == [1, 2, 3, -1] and staged.slots["full"][:4].tolist() == [4, 5, 6, -1]
     staged.send(2, [9], np.array([40]), [41], {"sliding": np.array([8]), "full": np.array([9])})  # the other buffer
     assert staged.turn == 0
     assert staged.input_ids[:2].tolist() == [9, 0]  # rows past b: not read by the graph of b rows
+    assert staged.pending_rows[:2].tolist() == [-1, -1]  # none given: every id is the one sent
     assert staged.seq_lens[:2].tolist() == [41, 0] and staged.slots["full"][:2].tolist() == [9, -1]
+
+
+class _NoReplay:
+    def replay(self) -> None:
+        pass
+
+
+def test_graph_reads_the_pending_tokens_where_its_head_left_them() -> None:
+    """A decode step after a step whose greedy ids the graphs' head wrote (into DecodeGraphs.sampled)
+    stages each row's row of them, for the graph's embedding to read (no copy before the replay); a
+    step after any other sampler's ids copies them into the input ids first, as before."""
+    graphs = DecodeGraphs(torch.nn.Linear(1, 1), [], ["full"], 16, 256, 4)  # type: ignore[arg-type]
+    for b in graphs.sizes:
+        graphs.graphs[b] = _NoReplay()  # type: ignore[assignment]
+        graphs.outputs[b] = StepOutputs(torch.zeros(b, 1), torch.zeros(b, 5), graphs.sampled[:b])
+    r = runner()
+    r.graphs = graphs
+    entries = [BatchEntry([PENDING], 3, {"full": [0]}, True, 1), BatchEntry([PENDING], 7, {"full": [1]}, True, 0)]
+    assert graphs.holds(graphs.sampled[:3]) and not graphs.holds(torch.tensor([41, 42]))
+    r.run(entries, graphs.sampled[:3])
+    assert graphs.staged.pending_rows[:2].tolist() == [1, 0]
+    assert graphs.input_ids[:2].tolist() == [PENDING, PENDING]  # left for the graph
+    r.run(entries, torch.tensor([41, 42]))  # the ids of a sampler outside the graph
+    assert graphs.staged.pending_rows[:2].tolist() == [-1, -1]
+    assert graphs.input_ids[:2].tolist() == [42, 41]

@@ -222,3 +222,37 @@ def test_programmatic_dependent_launch_changes_no_bit(preset: str, monkeypatch: 
     tokens_without, logits_without = run(False)
     assert tokens == tokens_without
     assert torch.equal(logits, logits_without)
+
+
+def test_pending_tokens_read_in_the_graph_change_no_bit() -> None:
+    """With async scheduling a decode step starts before the host has its input ids; after a step
+    whose greedy ids the graph's head wrote, the next graph reads them in its embedding gather
+    (engine/cuda_graphs.py). Tokens and logits are bit for bit those of the same engine finishing
+    every step before scheduling the next (the ids then come from the host)."""
+    g = torch.Generator().manual_seed(3)
+    prompts = [torch.randint(0, 199_000, (n,), generator=g).tolist() for n in (9, 200, 33)]
+
+    def run(no_async: bool) -> tuple[list[list[int]], torch.Tensor, int]:
+        engine = build_engine(EngineArgs(load_format="dummy", preset="tiny", max_model_len=4096, max_num_seqs=8,
+                                         kv_cache_gb=1, no_async_scheduling=no_async))
+        graphs = engine.runner.graphs
+        assert graphs is not None
+        in_graph = []
+        original = graphs.run
+
+        def run_graph(*args, **kwargs):  # type: ignore[no-untyped-def]
+            in_graph.append(kwargs.get("pending_rows") is not None)
+            return original(*args, **kwargs)
+
+        graphs.run = run_graph  # type: ignore[method-assign]
+        recorded: list[torch.Tensor] = []
+        record_logits(engine.runner, recorded)
+        tokens = greedy(engine, prompts, 24)
+        del engine
+        return tokens, torch.cat(recorded), sum(in_graph)
+
+    tokens, logits, read_in_graph = run(False)
+    tokens_sync, logits_sync, read_in_graph_sync = run(True)
+    assert read_in_graph >= 20 and read_in_graph_sync == 0
+    assert tokens == tokens_sync
+    assert torch.equal(logits, logits_sync)

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from osserve.ops.norm import add_rms_norm_reference, rms_norm_reference
-from osserve.ops.norm_triton import add_rms_norm_triton
+from osserve.ops.norm import PendingTokens, add_rms_norm_reference, embed_rms_norm_reference, rms_norm_reference
+from osserve.ops.norm_triton import add_rms_norm_triton, embed_rms_norm_triton
 
 
 @pytest.mark.parametrize("t", [1, 3, 17])
@@ -21,3 +21,22 @@ def test_norms_match_reference(t: int, h: int) -> None:
     out, same = add_rms_norm_triton(x, None, w, 1e-5)
     assert same is x or torch.equal(same, x)
     assert (out - rms_norm_reference(x, w, 1e-5)).abs().max() < 1e-5
+
+
+@pytest.mark.parametrize("h", [64, 100])
+def test_embedding_gather_with_the_first_norm(h: int) -> None:
+    """The rows are the table's, bit for bit; the normed rows the norm kernel's. With pending rows,
+    a token whose row is >= 0 takes its id from the sampled ids (async scheduling), the others keep
+    theirs; the reference does the same."""
+    g = torch.Generator().manual_seed(h)
+    table, w = torch.randn(50, h, generator=g), torch.randn(h, generator=g)
+    ids = torch.tensor([3, 49, 0, 3, 17])
+    out, rows = embed_rms_norm_triton(ids, table, w, 1e-5)
+    assert torch.equal(rows, table[ids])
+    assert torch.equal(out, add_rms_norm_triton(table[ids], None, w, 1e-5)[0])
+    prev_rows, sampled = torch.tensor([-1, 2, 0, -1, 1]), torch.tensor([7, 8, 9, 40])
+    out, rows = embed_rms_norm_triton(ids, table, w, 1e-5, prev_rows, sampled)
+    taken = torch.tensor([3, 9, 7, 3, 8])
+    assert torch.equal(rows, table[taken])
+    ref_out, ref_rows = embed_rms_norm_reference(ids, table, w, 1e-5, PendingTokens(prev_rows, sampled))
+    assert torch.equal(ref_rows, rows) and (out - ref_out).abs().max() < 1e-5
