@@ -136,7 +136,8 @@ AB_VARIANTS = {"router": ("cublas-router", "fused-router"), "moe": ("token-tiled
                "down-per-sm": ("down-per-sm-2", "down-per-sm-1", "down-per-sm-3", "down-per-sm-4"),
                "prefetch-lines": ("prefetch-lines-8", "prefetch-lines-16", "prefetch-lines-32", "prefetch-lines-64"),
                "leave-out": ("keep-all", "leave-out-input-norm", "leave-out-attention", "leave-out-router",
-                             "leave-out-moe")}
+                             "leave-out-moe"),
+               "merge-twice": ("keep-all", "merge-twice")}
 
 
 def leave_out(variant: str) -> None:
@@ -150,6 +151,10 @@ def leave_out(variant: str) -> None:
     real = CURRENT.setdefault("leave-out", (model.add_rms_norm, model.paged_attention,
                                             model.add_norm_route_with_plan, model.fused_moe))
     model.add_rms_norm, model.paged_attention, model.add_norm_route_with_plan, model.fused_moe = real
+    import osserve.ops.attention_triton_decode as decode_attention
+
+    merge = CURRENT.setdefault("merge", (decode_attention._merge_kernel,))[0]
+    decode_attention._merge_kernel = _Twice(merge) if variant == "merge-twice" else merge
     routes: dict[int, tuple] = {}
 
     def cached_route(a, residual, *args):  # type: ignore[no-untyped-def]
@@ -165,6 +170,22 @@ def leave_out(variant: str) -> None:
         model.add_norm_route_with_plan = cached_route
     elif variant == "leave-out-moe":
         model.fused_moe = lambda x, *args, **kwargs: x.view(1, x.shape[0], 1, x.shape[1])
+
+
+class _Twice:
+    """A Triton kernel launched twice per launch (merge-twice: the split-KV attention's merge, which
+    reads the partials and writes the same output again), so that the TPOT difference is one more
+    such launch on the step's critical path: the price of the merge's own launch."""
+
+    def __init__(self, kernel) -> None:  # type: ignore[no-untyped-def]
+        self.kernel = kernel
+
+    def __getitem__(self, grid: object):  # type: ignore[no-untyped-def]
+        def launch(*args, **kwargs) -> None:  # type: ignore[no-untyped-def]
+            self.kernel[grid](*args, **kwargs)
+            self.kernel[grid](*args, **kwargs)
+
+        return launch
 
 
 def set_variant(variant: str, baseline_path: str | None) -> None:
@@ -235,7 +256,8 @@ def main() -> None:
                          "128, 512, 1024) or down-per-sm (the down GEMM's K split to 2, then 1, 3, 4 programs an "
                          "SM) or prefetch-lines (the projections' L2 prefetch before the wait: 8, then 16, 32, 64 "
                          "lines a row) or leave-out (each decoder layer without one stage: input norm, "
-                         "attention, router, MoE; garbage outputs, for each stage's cost on the critical path)")
+                         "attention, router, MoE; garbage outputs, for each stage's cost on the critical path) or "
+                         "merge-twice (the split-KV attention's merge launched twice: the price of its launch)")
     ap.add_argument("--variant", default=None,
                     help="one variant, in place of --ab's list: any --ab variant, or one of "
                          f"router_parts.VARIANTS {', '.join(router_parts.VARIANTS)} (one per process)")
