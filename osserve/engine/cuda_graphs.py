@@ -9,7 +9,10 @@ Up to HEAD_MAX_BATCH the graph also takes the logits head (ops/head_triton.py), 
 land in one buffer shared by every size, `sampled`. A step after such a step reads its pending
 tokens (async scheduling) from there inside the graph, in the embedding's gather (ops/norm.py,
 PendingTokens): an 8-byte device copy before the replay cost the batch-1 step ~24 µs on an H100
-(benchmarks/diag_step_overhead.py).
+(benchmarks/diag_step_overhead.py). The head also writes the ids into a row of a pinned host ring,
+`sampled_host`, so the engine needs no copy to the host after the step. Two rows, taken in turn
+by the graph steps: the engine reads a step's ids before it launches the step after the next, so
+the row a step writes has always been read.
 Attention is captured with the longest context as its bound (the split-KV kernel reads each
 sequence's real length on the device), so one graph serves every context length.
 """
@@ -20,7 +23,7 @@ import bisect
 import logging
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from itertools import chain
 from typing import Any, TypeVar
@@ -51,10 +54,12 @@ class StepOutputs:
     hidden: torch.Tensor  # [B, hidden] the final norm's rows
     logits: torch.Tensor | None = None  # [B, vocab] float32, where the graph takes the head
     greedy: torch.Tensor | None = None  # [B] int64 their argmax, likewise
+    greedy_host: torch.Tensor | None = None  # the same ids in pinned host memory, once the step is done
 
     def rows(self, n: int) -> StepOutputs:
         return StepOutputs(self.hidden[:n], None if self.logits is None else self.logits[:n],
-                           None if self.greedy is None else self.greedy[:n])
+                           None if self.greedy is None else self.greedy[:n],
+                           None if self.greedy_host is None else self.greedy_host[:n])
 
 
 class DecodeGraphs:
@@ -68,6 +73,8 @@ class DecodeGraphs:
         self.staged = StagedInputs(n, groups, dev)  # ids, positions, slots, lengths: one copy a step
         self.input_ids, self.positions = self.staged.input_ids, self.staged.positions
         self.sampled = torch.zeros(n, dtype=torch.int64, device=dev)  # the head's greedy ids, any size
+        self.sampled_host = torch.zeros(2, n, dtype=torch.int64, pin_memory=dev.type == "cuda")  # and on the host
+        self.host_turn = 0
         self.seq_lens, self.slots = self.staged.seq_lens, self.staged.slots
         self.query_start_loc = torch.arange(n + 1, dtype=torch.int32, device=dev)
         self.tables = {g: BlockTableBuffer(n, width, dev) for g in groups}
@@ -96,7 +103,10 @@ class DecodeGraphs:
         hidden = self.model(self.input_ids[:b], self.positions[:b], self._meta(b), self.kv_caches, pending)
         if b > HEAD_MAX_BATCH:
             return StepOutputs(hidden)
-        return StepOutputs(hidden, *self.model.compute_logits_and_greedy(hidden, greedy_out=self.sampled[:b]))
+        from osserve.ops.head_triton import HostIds  # Triton only where graphs are captured (CUDA)
+
+        host = HostIds(self.sampled_host, self.staged.host_slot)
+        return StepOutputs(hidden, *self.model.compute_logits_and_greedy(hidden, self.sampled[:b], host))
 
     def can_run(self, batch: int) -> bool:
         return bool(self.graphs) and batch <= self.sizes[-1]
@@ -119,15 +129,20 @@ class DecodeGraphs:
         # Host-side work is the step's budget at large batches: build with numpy, copy once.
         pos = np.asarray(positions, dtype=np.int64)
         rows = {g: block_table_array(tables[g], b) for g in self.groups}
+        turn = self.host_turn
         self.staged.send(b, input_ids, pos, seq_lens,
                          {g: slot_mapping(rows[g][:n], np.arange(n), pos, self.block_size) for g in self.groups},
-                         pending_rows)
+                         pending_rows, turn)
         if fill_pending is not None:
             fill_pending(self.input_ids[:n])
         for g in self.groups:
             self.tables[g].write(rows[g])
         self.graphs[b].replay()
-        return self.outputs[b].rows(n)
+        out = self.outputs[b]
+        if out.greedy is None:
+            return out.rows(n)
+        self.host_turn = 1 - turn
+        return replace(out, greedy_host=self.sampled_host[turn]).rows(n)
 
 
 def capture_graph(forward: Callable[[], T], pool: Any) -> tuple[torch.cuda.CUDAGraph, T]:

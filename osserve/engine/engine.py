@@ -212,15 +212,17 @@ class LLMEngine:
             return self._finish(prev) if prev is not None else []
         t1 = time.perf_counter()
         entries, rows, prompt_tokens = self._batch(out, prev)
-        logits, greedy = self.runner.run(entries, prev.token_ids if prev is not None else None)
-        result = self._launch_sample(rows, logits, greedy)
+        step_logits = self.runner.run(entries, prev.token_ids if prev is not None else None)
+        result = self._launch_sample(rows, step_logits.logits, step_logits.greedy)
+        # The ids are on the host already where the sampler took the head's greedy ids as they are.
+        on_host = step_logits.greedy_host if result is not None and result.token_ids is step_logits.greedy else None
         ahead = self.scheduler_config.async_scheduling and all(
             can_run_ahead(r.sampling_params, r.num_output_tokens) for r in rows)
         self.scheduler.advance(out, tokens_pending=ahead)
         self.prompt_tokens_total += prompt_tokens
         t2 = time.perf_counter()
         has_prefill = any(s.num_new_tokens > 1 for s in out.scheduled)
-        step = self._in_flight(out, rows, result, (t1 - t0, t2 - t1, has_prefill))
+        step = self._in_flight(out, rows, result, (t1 - t0, t2 - t1, has_prefill), on_host)
         deltas = self._finish(prev) if prev is not None else []
         if ahead:
             self.in_flight = step
@@ -278,13 +280,17 @@ class LLMEngine:
         return self.sampler.sample(logits, batch, greedy)
 
     def _in_flight(self, out: SchedulerOutput, rows: list[Request], result: SamplerOutput | None,
-                   profile: tuple[float, float, bool]) -> InFlightStep:
-        """Start copying the sampled ids to the host without waiting for them."""
+                   profile: tuple[float, float, bool], on_host: torch.Tensor | None = None) -> InFlightStep:
+        """Start copying the sampled ids to the host without waiting for them. on_host: the ids in
+        pinned host memory, written by the step itself (no copy; the event marks the step's end)."""
         ids = result.token_ids if result is not None else torch.empty(0, dtype=torch.int64)
         copied = None
         if ids.is_cuda:
-            host = torch.empty(ids.shape, dtype=ids.dtype, pin_memory=True)
-            host.copy_(ids, non_blocking=True)
+            if on_host is not None:
+                host = on_host
+            else:
+                host = torch.empty(ids.shape, dtype=ids.dtype, pin_memory=True)
+                host.copy_(ids, non_blocking=True)
             copied = torch.cuda.Event()
             copied.record()
         else:

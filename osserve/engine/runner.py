@@ -33,6 +33,15 @@ class BatchEntry:
 
 
 @dataclass
+class StepLogits:
+    """What a step leaves for the sampler."""
+
+    logits: torch.Tensor  # [S, vocab] float32 for the entries with sample=True, in their order
+    greedy: torch.Tensor | None  # [S] int64 their argmax where it came with them (compute_logits_and_greedy)
+    greedy_host: torch.Tensor | None = None  # the same ids in pinned host memory, written by the step itself
+
+
+@dataclass
 class ModelInput:
     input_ids: torch.Tensor  # [T]
     positions: torch.Tensor  # [T]
@@ -110,11 +119,9 @@ class ModelRunner:
         input_ids.index_copy_(0, index[0], prev_tokens[index[1]].to(input_ids.dtype))
 
     @torch.inference_mode()
-    def run(self, entries: list[BatchEntry], prev_tokens: torch.Tensor | None = None,
-            ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """(logits [S, vocab] float32 for the entries with sample=True, in their order; their argmax
-        where it came with them, else None: model.compute_logits_and_greedy).
-        prev_tokens: the previous step's sampled ids, on the device (see BatchEntry.prev_row)."""
+    def run(self, entries: list[BatchEntry], prev_tokens: torch.Tensor | None = None) -> StepLogits:
+        """The logits of the entries with sample=True, and their greedy ids where they came with
+        them. prev_tokens: the previous step's sampled ids, on the device (see BatchEntry.prev_row)."""
         if self.graphs is not None and self.graphs.can_run(len(entries)) and all(
             len(e.token_ids) == 1 and e.sample for e in entries
         ):
@@ -128,8 +135,8 @@ class ModelRunner:
                 if in_graph else None,
             )
             if out.logits is not None:  # the graph took the head
-                return out.logits, out.greedy
-            return self.model.compute_logits_and_greedy(out.hidden)
+                return StepLogits(out.logits, out.greedy, out.greedy_host)
+            return StepLogits(*self.model.compute_logits_and_greedy(out.hidden))
         if self.mixed is not None:
             query_lens = [len(e.token_ids) for e in entries]
             shape = self.mixed.shape_for(query_lens)
@@ -139,11 +146,12 @@ class ModelRunner:
                     {g: [e.block_tables[g] for e in entries] for g in entries[0].block_tables}, shape,
                     fill_pending=lambda ids: self.fill_pending(ids, entries, prev_tokens),
                 )
-                return self.model.compute_logits_and_greedy(hidden[self._to_device(sample_rows(entries, query_lens))])
+                rows = hidden[self._to_device(sample_rows(entries, query_lens))]
+                return StepLogits(*self.model.compute_logits_and_greedy(rows))
         inp = self.prepare(entries)
         self.fill_pending(inp.input_ids, entries, prev_tokens)
         hidden = self.model(inp.input_ids, inp.positions, inp.meta, self.kv_caches)
-        return self.model.compute_logits_and_greedy(hidden[inp.sample_rows])
+        return StepLogits(*self.model.compute_logits_and_greedy(hidden[inp.sample_rows]))
 
 
 def sample_rows(entries: list[BatchEntry], query_lens: list[int]) -> np.ndarray:

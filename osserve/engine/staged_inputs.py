@@ -2,11 +2,12 @@
 
 A decode step's inputs are a handful of short arrays: token ids, the rows of the last step's
 sampled ids that hold the ids still on the device (async scheduling; -1 where the id is given),
-positions, each layer group's KV slots (int64) and the sequence lengths (int32). Copied one by
-one they were five host-to-device copies a step on the GPU's queue ahead of the graph, a few
-microseconds each at batch 1. Here they are rows of one device byte buffer, which the graph reads
-through typed views captured once, and each step fills one of two persistent pinned host buffers
-and copies it in whole (a few KB even at batch 256).
+positions, each layer group's KV slots (int64), the sequence lengths (int32) and the row of the
+pinned host ring that the head writes the greedy ids to (one int32, engine/cuda_graphs.py).
+Copied one by one they were five host-to-device copies a step on the GPU's queue ahead of the
+graph, a few microseconds each at batch 1. Here they are rows of one device byte buffer, which
+the graph reads through typed views captured once, and each step fills one of two persistent
+pinned host buffers and copies it in whole (a few KB even at batch 256).
 
 Two host buffers because the copy is asynchronous: the step after may fill the other one while
 this one is still being read. Before a buffer is filled again, the event recorded after its
@@ -32,13 +33,14 @@ class StagedInputs:
         self.rows, self.groups = rows, groups
         wide = ROWS_BEFORE_SLOTS + len(groups)
         self.int64_bytes = wide * rows * 8
-        nbytes = self.int64_bytes + rows * 4
+        nbytes = self.int64_bytes + (rows + 1) * 4  # the int32s: lengths, then the host slot
         self.buffer = torch.zeros(nbytes, dtype=torch.uint8, device=device)
         int64_rows = self.buffer[: self.int64_bytes].view(torch.int64).view(wide, rows)
         # The views the graph reads.
         self.input_ids, self.pending_rows, self.positions = int64_rows[0], int64_rows[1], int64_rows[2]
         self.slots = {g: int64_rows[ROWS_BEFORE_SLOTS + i] for i, g in enumerate(groups)}
-        self.seq_lens = self.buffer[self.int64_bytes:].view(torch.int32)
+        int32s = self.buffer[self.int64_bytes:].view(torch.int32)
+        self.seq_lens, self.host_slot = int32s[:rows], int32s[rows:]
         self.pending_rows.fill_(NO_PENDING)
         for s in self.slots.values():  # no KV write until a step says where
             s.fill_(NO_SLOT)
@@ -49,7 +51,7 @@ class StagedInputs:
         self.turn = 0
 
     def send(self, b: int, ids: list[int], positions: np.ndarray, seq_lens: list[int],
-             slots: dict[str, np.ndarray], pending_rows: np.ndarray | None = None) -> None:
+             slots: dict[str, np.ndarray], pending_rows: np.ndarray | None = None, host_slot: int = 0) -> None:
         """The first b rows of every field (real rows, then padding: id 0, pending row -1, position
         0, length 0, slot -1; pending_rows None: -1 for all), copied to the device without waiting
         for it. The whole buffer is copied: rows past b hold what this host buffer last had, which
@@ -66,7 +68,9 @@ class StagedInputs:
         _put(int64_rows[2], positions, n, b, 0)
         for i, g in enumerate(self.groups):
             _put(int64_rows[ROWS_BEFORE_SLOTS + i], slots[g], n, b, NO_SLOT)
-        _put(data[self.int64_bytes:].view(np.int32), seq_lens, n, b, 0)
+        int32s = data[self.int64_bytes:].view(np.int32)
+        _put(int32s, seq_lens, n, b, 0)
+        int32s[self.rows] = host_slot
         self.buffer.copy_(self.host[t], non_blocking=True)
         if event is not None:
             event.record()

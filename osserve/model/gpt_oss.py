@@ -23,6 +23,7 @@ from osserve.ops.linear import linear
 from osserve.ops.moe import ExpertWeights, fused_moe
 
 if TYPE_CHECKING:
+    from osserve.ops.head_triton import HostIds
     from osserve.ops.moe_triton import PreparedExperts
 from osserve.ops.norm import PendingTokens, add_rms_norm, embed_rms_norm
 from osserve.ops.rope import RopeTable, qkv_rope_and_cache, rope_and_cache_table
@@ -249,16 +250,17 @@ class GptOssForCausalLM(nn.Module):
         return linear(hidden, self.lm_head.weight).float()
 
     def compute_logits_and_greedy(self, hidden: torch.Tensor, greedy_out: torch.Tensor | None = None,
-                                  ) -> tuple[torch.Tensor, torch.Tensor | None]:
+                                  host_out: HostIds | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
         """(compute_logits(hidden), their argmax [N] int64 where it comes with them, else None). At
         decode sizes on the GPU one kernel writes the float32 logits and argmax partials, and a
-        second picks the ids (ops/head_triton.py), into greedy_out where given; elsewhere the
-        sampler takes its own argmax where it needs one."""
+        second picks the ids (ops/head_triton.py), into greedy_out and host_out where given;
+        elsewhere the sampler takes its own argmax where it needs one (and host_out is not written)."""
         if use_triton(hidden):
             from osserve.ops.head_triton import fits_logits_triton, logits_and_greedy_triton
 
             if fits_logits_triton(hidden, self.lm_head.weight):
-                return logits_and_greedy_triton(hidden, self.lm_head.weight, greedy_out=greedy_out)
+                return logits_and_greedy_triton(hidden, self.lm_head.weight, greedy_out=greedy_out,
+                                                host_out=host_out)
         return self.compute_logits(hidden), None
 
     def fuse_qkv(self) -> None:

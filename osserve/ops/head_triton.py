@@ -10,10 +10,14 @@ of them. Here the projection's epilogue does both of their jobs:
 - each program also stores, per token, the largest of its BLOCK_N logits and the first row that
   holds it. A second launch (one program per token) picks the best of those partials, the first
   among equals: torch.argmax's index.
+The second launch can also write the ids straight into pinned host memory (HostIds), where the
+engine reads them once the step is done: no copy to the host after the step.
 NaN logits are not supported (as in the router's top-k).
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 import triton
@@ -35,6 +39,15 @@ NO_ROW = tl.constexpr(2**31 - 1)  # larger than any row index: loses every "firs
 # batch-1 median TPOT went 1.860 -> 1.846 ms. At 32 tokens it was slower (426.2 against 423.4 µs), so
 # more tokens keep the linear's config.
 ONE_TOKEN_CONFIG = LinearConfig(block_n=32, block_k=256, num_warps=4, num_stages=6)
+
+
+@dataclass(frozen=True)
+class HostIds:
+    """Where the greedy ids also go: row slot[0] of `ring`, pinned host memory that the kernel writes
+    over the bus (a CUDA graph captures the addresses; the step picks the row)."""
+
+    ring: torch.Tensor  # [rows, >= M] int64, pinned (any CPU tensor under the interpreter)
+    slot: torch.Tensor  # [1] int32, on the kernel's device
 
 
 def head_config(num_tokens: int) -> LinearConfig:
@@ -62,8 +75,8 @@ def _logits_kernel(
 
 
 @triton.jit
-def _argmax_partials_kernel(best_val_ptr, best_row_ptr, out_ptr, num_blocks, BLOCK: tl.constexpr,
-                            PDL: tl.constexpr):  # noqa: ANN001
+def _argmax_partials_kernel(best_val_ptr, best_row_ptr, out_ptr, num_blocks, host_ptr, slot_ptr, host_stride,
+                            BLOCK: tl.constexpr, TO_HOST: tl.constexpr, PDL: tl.constexpr):  # noqa: ANN001
     row = tl.program_id(0)
     pdl_enter(PDL)
     b = tl.arange(0, BLOCK)
@@ -72,7 +85,10 @@ def _argmax_partials_kernel(best_val_ptr, best_row_ptr, out_ptr, num_blocks, BLO
     rows = tl.load(best_row_ptr + row * num_blocks + b, mask=ok, other=NO_ROW)
     best = tl.max(vals, axis=0)
     # Blocks are in row order, so the smallest row among the best blocks is the first overall.
-    tl.store(out_ptr + row, tl.min(tl.where(ok & (vals == best), rows, NO_ROW), axis=0).to(tl.int64))
+    chosen = tl.min(tl.where(ok & (vals == best), rows, NO_ROW), axis=0).to(tl.int64)
+    tl.store(out_ptr + row, chosen)
+    if TO_HOST:
+        tl.store(host_ptr + tl.load(slot_ptr).to(tl.int64) * host_stride + row, chosen)
 
 
 def fits_logits_triton(x: torch.Tensor, weight: torch.Tensor) -> bool:
@@ -84,6 +100,7 @@ def logits_and_greedy_triton(
     weight: torch.Tensor,  # [N, K] (lm_head)
     config: LinearConfig | None = None,  # None: head_config(M)
     greedy_out: torch.Tensor | None = None,  # [M] int64 to write the ids into (None: a new tensor)
+    host_out: HostIds | None = None,  # pinned host memory the ids also go to
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(F.linear(x, weight).float() [M, N], its argmax over N [M] int64) in two launches."""
     assert fits_logits_triton(x, weight), (x.shape, x.stride(), weight.shape, x.dtype, weight.dtype)
@@ -107,7 +124,12 @@ def logits_and_greedy_triton(
         DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32", PDL=pdl,
         PREFETCH=prefetch_lines(num_blocks, x.device), num_warps=config.num_warps, launch_pdl=pdl,
     )
-    _argmax_partials_kernel[(m,)](best_val, best_row, greedy, num_blocks,
-                                  BLOCK=triton.next_power_of_2(num_blocks), PDL=pdl, num_warps=4,
-                                  launch_pdl=pdl)
+    if host_out is not None:
+        ring, slot = host_out.ring, host_out.slot
+        assert ring.dtype == torch.int64 and ring.shape[1] >= m and ring.stride(1) == 1 and slot.dtype == torch.int32
+    else:
+        ring, slot = greedy, best_row  # unused
+    _argmax_partials_kernel[(m,)](best_val, best_row, greedy, num_blocks, ring, slot, ring.stride(0),
+                                  BLOCK=triton.next_power_of_2(num_blocks), TO_HOST=host_out is not None,
+                                  PDL=pdl, num_warps=4, launch_pdl=pdl)
     return logits, greedy

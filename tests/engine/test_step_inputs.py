@@ -94,7 +94,8 @@ class _NoReplay:
 def test_graph_reads_the_pending_tokens_where_its_head_left_them() -> None:
     """A decode step after a step whose greedy ids the graphs' head wrote (into DecodeGraphs.sampled)
     stages each row's row of them, for the graph's embedding to read (no copy before the replay); a
-    step after any other sampler's ids copies them into the input ids first, as before."""
+    step after any other sampler's ids copies them into the input ids first, as before. The head's
+    ids also go to a row of the pinned host ring, the two rows in turn."""
     graphs = DecodeGraphs(torch.nn.Linear(1, 1), [], ["full"], 16, 256, 4)  # type: ignore[arg-type]
     for b in graphs.sizes:
         graphs.graphs[b] = _NoReplay()  # type: ignore[assignment]
@@ -103,9 +104,14 @@ def test_graph_reads_the_pending_tokens_where_its_head_left_them() -> None:
     r.graphs = graphs
     entries = [BatchEntry([PENDING], 3, {"full": [0]}, True, 1), BatchEntry([PENDING], 7, {"full": [1]}, True, 0)]
     assert graphs.holds(graphs.sampled[:3]) and not graphs.holds(torch.tensor([41, 42]))
-    r.run(entries, graphs.sampled[:3])
+    first = r.run(entries, graphs.sampled[:3])
     assert graphs.staged.pending_rows[:2].tolist() == [1, 0]
     assert graphs.input_ids[:2].tolist() == [PENDING, PENDING]  # left for the graph
-    r.run(entries, torch.tensor([41, 42]))  # the ids of a sampler outside the graph
+    second = r.run(entries, torch.tensor([41, 42]))  # the ids of a sampler outside the graph
     assert graphs.staged.pending_rows[:2].tolist() == [-1, -1]
     assert graphs.input_ids[:2].tolist() == [42, 41]
+    # The head's ids go to the host ring's rows in turn; each step tells its graph which.
+    assert first.greedy_host is not None and second.greedy_host is not None
+    assert first.greedy_host.data_ptr() == graphs.sampled_host[0].data_ptr() and len(first.greedy_host) == 2
+    assert second.greedy_host.data_ptr() == graphs.sampled_host[1].data_ptr()
+    assert graphs.staged.host_slot.tolist() == [1]

@@ -46,19 +46,25 @@ def greedy(engine, prompts: list[list[int]], steps: int) -> list[list[int]]:  # 
     return [outs[f"r{i}"] for i in range(len(prompts))]
 
 
-def record_logits(runner, recorded: list[torch.Tensor]) -> None:  # type: ignore[no-untyped-def]
+def record_logits(runner, recorded: list[torch.Tensor], on_host: list[int] | None = None) -> None:  # type: ignore[no-untyped-def]
     """Make `runner` append a copy of every step's logits (the sampled rows) to `recorded` (a
     graph's output buffers are overwritten by its next replay), and check each step's greedy ids,
     where the head computed them (ops/head_triton.py, inside the small decode graphs), against
-    torch.argmax of those logits."""
+    torch.argmax of those logits, and the copy the head wrote to pinned host memory, where it
+    wrote one, against them (each such step counted in `on_host`)."""
     original = runner.run
 
     def run(*args, **kwargs):  # type: ignore[no-untyped-def]
-        logits, greedy_ids = original(*args, **kwargs)
-        recorded.append(logits.clone())
-        if greedy_ids is not None:
-            assert torch.equal(greedy_ids, logits.argmax(-1))
-        return logits, greedy_ids
+        out = original(*args, **kwargs)
+        recorded.append(out.logits.clone())
+        if out.greedy is not None:
+            assert torch.equal(out.greedy, out.logits.argmax(-1))
+        if out.greedy_host is not None:
+            torch.cuda.synchronize()
+            assert out.greedy is not None and torch.equal(out.greedy_host, out.greedy.cpu())
+            if on_host is not None:
+                on_host.append(len(out.greedy_host))
+        return out
 
     runner.run = run
 
@@ -228,11 +234,13 @@ def test_pending_tokens_read_in_the_graph_change_no_bit() -> None:
     """With async scheduling a decode step starts before the host has its input ids; after a step
     whose greedy ids the graph's head wrote, the next graph reads them in its embedding gather
     (engine/cuda_graphs.py). Tokens and logits are bit for bit those of the same engine finishing
-    every step before scheduling the next (the ids then come from the host)."""
+    every step before scheduling the next (the ids then come from the host). In both, the decode
+    steps' ids reach the host through the head's own write to pinned memory, equal to the ids on
+    the device (record_logits)."""
     g = torch.Generator().manual_seed(3)
     prompts = [torch.randint(0, 199_000, (n,), generator=g).tolist() for n in (9, 200, 33)]
 
-    def run(no_async: bool) -> tuple[list[list[int]], torch.Tensor, int]:
+    def run(no_async: bool) -> tuple[list[list[int]], torch.Tensor, int, int]:
         engine = build_engine(EngineArgs(load_format="dummy", preset="tiny", max_model_len=4096, max_num_seqs=8,
                                          kv_cache_gb=1, no_async_scheduling=no_async))
         graphs = engine.runner.graphs
@@ -246,13 +254,15 @@ def test_pending_tokens_read_in_the_graph_change_no_bit() -> None:
 
         graphs.run = run_graph  # type: ignore[method-assign]
         recorded: list[torch.Tensor] = []
-        record_logits(engine.runner, recorded)
+        on_host: list[int] = []
+        record_logits(engine.runner, recorded, on_host)
         tokens = greedy(engine, prompts, 24)
         del engine
-        return tokens, torch.cat(recorded), sum(in_graph)
+        return tokens, torch.cat(recorded), sum(in_graph), len(on_host)
 
-    tokens, logits, read_in_graph = run(False)
-    tokens_sync, logits_sync, read_in_graph_sync = run(True)
+    tokens, logits, read_in_graph, on_host = run(False)
+    tokens_sync, logits_sync, read_in_graph_sync, on_host_sync = run(True)
     assert read_in_graph >= 20 and read_in_graph_sync == 0
+    assert on_host >= 20 and on_host_sync >= 20
     assert tokens == tokens_sync
     assert torch.equal(logits, logits_sync)

@@ -44,3 +44,18 @@ def test_ties_go_to_the_first_row() -> None:
     assert logits_and_greedy_triton(x, w, SMALL)[1].tolist() == [0]
     x = torch.eye(3, k)[1:2]  # one token, the default config (head_config: its own for one token)
     assert logits_and_greedy_triton(x, w)[1].tolist() == [20]
+
+
+def test_ids_into_given_buffers_and_a_row_of_the_host_ring() -> None:
+    """greedy_out receives the ids; host_out's ring gets them in the row its slot names, and its
+    other row is left as it was."""
+    from osserve.ops.head_triton import HostIds
+
+    g = torch.Generator().manual_seed(5)
+    x, w = torch.randn(3, 64, generator=g), torch.randn(50, 64, generator=g)
+    out = torch.full((3,), -5, dtype=torch.int64)
+    ring = torch.full((2, 4), -9, dtype=torch.int64)
+    logits, greedy = logits_and_greedy_triton(x, w, SMALL, greedy_out=out,
+                                              host_out=HostIds(ring, torch.tensor([1], dtype=torch.int32)))
+    assert greedy is out and torch.equal(out, logits.argmax(-1))
+    assert ring[1, :3].tolist() == out.tolist() and ring[1, 3].item() == -9 and ring[0].tolist() == [-9] * 4
