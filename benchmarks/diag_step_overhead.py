@@ -9,7 +9,7 @@ Timings of the same engine, CUDA events over many back-to-back iterations:
 - that graph, then the fused head (logits and greedy ids, ops/head_triton.py), eagerly;
 - the engine's batch-1 decode graph, which takes the fused head inside (engine/cuda_graphs.py);
 - the engine's own step (median TPOT of a 1024-token prompt's decode): the inputs copied in, the
-  pending token written, the graph, the sampler, the copy of the id to the host.
+  graph, the sampler, the event the engine waits on before it reads the id.
 step - engine graph is what the step spends beside the model: copies, small kernels and gaps.
 Then the engine graph again with the step's own operations added one at a time, as the engine
 issues them: the staged inputs' host-to-device copy (the pending token is read inside the graph,
