@@ -1,7 +1,7 @@
 """RMSNorm, as gpt-oss computes it: in float32, weight applied before casting back.
 
-`*_reference` are the specification; `rms_norm` / `add_rms_norm` run the one-pass Triton kernel
-on CUDA tensors.
+`*_reference` are the specification; `add_rms_norm` / `embed_rms_norm` run the one-pass Triton
+kernels on CUDA tensors.
 
 The x of `add_rms_norm` may come unreduced, [S, T, k, H]: as the fused MoE leaves its output (K
 splits by each token's k experts, see ops/moe.py), or a decode projection its K-split partials
@@ -48,14 +48,6 @@ def add_rms_norm_reference(
     """(x + residual) normed, and the new residual x + residual (the fused op's contract)."""
     summed = reduce_parts(x, residual.dtype) + residual
     return rms_norm_reference(summed, weight, eps), summed
-
-
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    if use_triton(x):
-        from osserve.ops.norm_triton import rms_norm_triton
-
-        return rms_norm_triton(x, weight, eps)
-    return rms_norm_reference(x, weight, eps)
 
 
 def add_rms_norm(
