@@ -46,8 +46,8 @@ class StagedInputs:
             s.fill_(NO_SLOT)
         cuda = device.type == "cuda"
         self.host = [torch.zeros(nbytes, dtype=torch.uint8, pin_memory=cuda) for _ in range(2)]
+        # Waiting on an event never recorded returns at once (the first two sends).
         self.copied = [torch.cuda.Event() if cuda else None for _ in range(2)]
-        self.recorded = [False, False]
         self.turn = 0
 
     def send(self, b: int, ids: list[int], positions: np.ndarray, seq_lens: list[int],
@@ -58,7 +58,7 @@ class StagedInputs:
         a graph of b rows never reads."""
         t = self.turn
         event = self.copied[t]
-        if event is not None and self.recorded[t]:
+        if event is not None:
             event.synchronize()
         data = self.host[t].numpy()
         int64_rows = data[: self.int64_bytes].view(np.int64).reshape(-1, self.rows)
@@ -74,7 +74,6 @@ class StagedInputs:
         self.buffer.copy_(self.host[t], non_blocking=True)
         if event is not None:
             event.record()
-            self.recorded[t] = True
         self.turn = 1 - t
 
 
