@@ -135,22 +135,23 @@ async def one_request(client: httpx.AsyncClient, cfg: LoadConfig, prompt: str, t
 
 
 async def run_load(cfg: LoadConfig, on_done: Callable[[RequestRecord], None] | None = None,
-                   prompts: list[str] | None = None, t0: float | None = None,
+                   prompts: list[str] | None = None, start: Callable[[], float] = time.perf_counter,
                    ) -> tuple[list[RequestRecord], float]:
     """Run the whole load; returns (records in submission order, duration). Stops by itself:
     bounded request count, and cfg.timeout for the whole run (what is still running then is
     cancelled and recorded as a 'timeout' error). prompts: these instead of make_prompts(cfg);
-    t0: the time.perf_counter() that record times count from (bench/processes.py passes the
-    parent's, so that several processes' records share one clock)."""
+    start: called once the client is ready, returns the time.perf_counter() that the load starts
+    at and record times count from (bench/processes.py's waits for every worker and returns the
+    parent's start, so that several processes' records share one clock)."""
     prompts = make_prompts(cfg) if prompts is None else prompts
     rng = random.Random(cfg.seed + 1)
     headers = {"Authorization": f"Bearer {cfg.api_key}"} if cfg.api_key else {}
     limits = httpx.Limits(max_connections=cfg.concurrency, max_keepalive_connections=cfg.concurrency)
     records: list[RequestRecord | None] = [None] * len(prompts)
     sem = asyncio.Semaphore(cfg.concurrency)
-    t0 = time.perf_counter() if t0 is None else t0
     async with httpx.AsyncClient(base_url=cfg.base_url, limits=limits, headers=headers,
                                  timeout=httpx.Timeout(cfg.timeout)) as client:
+        t0 = start()
         async def worker(i: int, delay: float) -> None:
             await asyncio.sleep(delay)
             async with sem:

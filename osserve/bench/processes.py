@@ -46,10 +46,16 @@ def shares(cfg: LoadConfig, workers: int) -> list[tuple[LoadConfig, list[int]]]:
     return out
 
 
-def _worker(cfg: LoadConfig, indices: list[int], prompts: list[str], t0: float, results: Any) -> None:
+def _worker(cfg: LoadConfig, indices: list[int], prompts: list[str], go: Any, start: Any, results: Any) -> None:
     # Ctrl-C reaches the parent, which passes it on as SIGINT once run_load listens for it.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    records, _ = asyncio.run(run_load(cfg, lambda _: results.put(("done", None)), prompts, t0))
+
+    def ready_then_start() -> float:  # called by run_load once its client is made
+        results.put(("ready", None))
+        go.wait()
+        return float(start.value)
+
+    records, _ = asyncio.run(run_load(cfg, lambda _: results.put(("done", None)), prompts, ready_then_start))
     results.put(("records", (indices, [asdict(r) for r in records])))
 
 
@@ -60,26 +66,43 @@ def run_load_in_processes(cfg: LoadConfig, workers: int, advance: Callable[[], N
     prompts = make_prompts(cfg)
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
-    t0 = time.perf_counter()
-    procs = [ctx.Process(target=_worker, args=(share, idx, [prompts[i] for i in idx], t0, results), daemon=True)
-             for share, idx in shares(cfg, workers)]
+    go, start = ctx.Event(), ctx.Value("d", 0.0)  # the load's start, once every worker is ready
+    procs = [ctx.Process(target=_worker, args=(share, idx, [prompts[i] for i in idx], go, start, results),
+                         daemon=True) for share, idx in shares(cfg, workers)]
     for p in procs:
         p.start()
     records: list[RequestRecord | None] = [None] * cfg.num_requests
-    ended = 0
+    ready = ended = 0
+    t0 = time.perf_counter()  # replaced by the load's start
+
+    def begin() -> float:
+        start.value = time.perf_counter()
+        go.set()
+        return start.value
+
     while ended < len(procs):
         try:
             kind, payload = results.get(timeout=0.2)
         except queue.Empty:
             if not any(p.is_alive() for p in procs):
                 break  # a worker died without reporting: its requests count as errors below
+            if not go.is_set() and not all(p.is_alive() for p in procs):
+                t0 = begin()  # one died before it was ready: the others go on without it
             continue
-        except KeyboardInterrupt:  # stop every worker as one process stops on Ctrl-C
-            for p in procs:
+        except KeyboardInterrupt:
+            if not go.is_set():  # nothing sent yet: stop the workers where they wait
+                for p in procs:
+                    p.terminate()
+                break
+            for p in procs:  # stop every worker as one process stops on Ctrl-C
                 if p.pid is not None and p.is_alive():
                     os.kill(p.pid, signal.SIGINT)
             continue
-        if kind == "done":
+        if kind == "ready":
+            ready += 1
+            if ready == len(procs):
+                t0 = begin()
+        elif kind == "done":
             if advance:
                 advance()
         else:
