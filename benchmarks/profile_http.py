@@ -78,6 +78,9 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=256)
     ap.add_argument("--top", type=int, default=25)
     ap.add_argument("--client-profile", default=None, help="also profile the load generator into this file")
+    ap.add_argument("--no-profile", action="store_true", help="the server without cProfile (its own speed)")
+    ap.add_argument("--loop", default="auto", help="uvicorn's event loop: auto (uvloop if installed), asyncio")
+    ap.add_argument("--http", default="auto", help="uvicorn's HTTP parser: auto (httptools if installed), h11")
     args = ap.parse_args()
 
     import uvicorn
@@ -87,7 +90,8 @@ def main() -> None:
 
     engine = ProcessEngine(EngineArgs(seed=args.step_ms), engine_main=stepping_engine_main)
     app = create_app(engine, engine.tokenizer, ServerConfig(model_name="stepping"))
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=PORT, log_level="warning"))
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=PORT, log_level="warning", loop=args.loop,
+                                            http=args.http))
     profile_client = ["-m", "cProfile", "-o", args.client_profile] if args.client_profile else []
     load = [sys.executable, *profile_client, "-m", "osserve.bench.serve", "--base-url", f"http://127.0.0.1:{PORT}",
             "--model", "stepping", "--endpoint", "chat", "--num-requests", str(args.num_requests),
@@ -106,14 +110,18 @@ def main() -> None:
 
     threading.Thread(target=drive, daemon=True).start()
     profiler = cProfile.Profile()
-    profiler.enable()
+    if not args.no_profile:
+        profiler.enable()
     server.run()
     profiler.disable()
     engine.shutdown()
     tokens = args.num_requests * args.max_tokens
     print(f"server process: {result['cpu']:.1f} CPU s in {result['wall']:.1f} s wall for {tokens} tokens: "
           f"{1000 * result['cpu'] / tokens:.3f} CPU ms per token, {tokens / result['wall']:.0f} tok/s delivered "
-          f"(engine offers {args.concurrency * 1000 / args.step_ms:.0f}); under cProfile")
+          f"(engine offers {args.concurrency * 1000 / args.step_ms:.0f})"
+          + ("" if args.no_profile else "; under cProfile"))
+    if args.no_profile:
+        return
     stats = pstats.Stats(profiler)
     stats.sort_stats("tottime").print_stats(args.top)
     stats.sort_stats("cumulative").print_stats(args.top)

@@ -79,14 +79,24 @@ def run_workload(engine: LLMEngine, args: argparse.Namespace) -> None:
     loop = ClosedLoop(engine, args.concurrency, args.num_requests, args.max_tokens)
     engine.profile = StepProfile()
     steps: list[tuple[float, int, int]] = []  # (ms, prompt tokens computed, requests started) per step
+    outputs: list[int] = []  # output tokens per step
+    first_finish = last_start = 0  # step indexes where the closed loop's phases change
     start = time.perf_counter()
     while not loop.done():
-        t0, prompt, started = time.perf_counter(), engine.prompt_tokens_total, loop.started
+        t0, prompt, started, out = time.perf_counter(), engine.prompt_tokens_total, loop.started, loop.output_tokens
         loop.step()
         steps.append((1000 * (time.perf_counter() - t0), engine.prompt_tokens_total - prompt, loop.started - started))
+        outputs.append(loop.output_tokens - out)
+        first_finish = first_finish or (len(steps) if loop.finished else 0)
+        last_start = last_start or (len(steps) if loop.started >= loop.total else 0)
     wall = time.perf_counter() - start
     print(f"engine alone: {args.num_requests} requests, {loop.output_tokens} output tokens in {wall:.2f} s: "
           f"{loop.output_tokens / wall:,.1f} output tok/s, {args.num_requests / wall:.2f} req/s")
+    print("| phase | steps | s | ms a step | output tokens a step |\n|---|---|---|---|---|")
+    for phase, lo, hi in (("until the first request ends", 0, first_finish),
+                          ("replacing ended requests", first_finish, last_start), ("drain", last_start, len(steps))):
+        ms, n = sum(s[0] for s in steps[lo:hi]), max(1, hi - lo)
+        print(f"| {phase} | {hi - lo} | {ms / 1000:.2f} | {ms / n:.2f} | {sum(outputs[lo:hi]) / n:.1f} |")
     print(f"step profile: {engine.profile.summary()}")
     slow = sorted(range(len(steps)), key=lambda i: -steps[i][0])[:10]
     print("slowest steps (index: ms, prompt tokens computed, requests added): "
