@@ -14,6 +14,8 @@ import numpy as np
 import torch
 
 from osserve.engine.cuda_graphs import DecodeGraphs, block_table_array, flat_tokens, slot_mapping
+from osserve.engine.kv_cache import BlockCopy
+from osserve.engine.kv_tensors import layer_groups
 from osserve.engine.mixed_graphs import MixedGraphs
 from osserve.model.gpt_oss import GptOssForCausalLM, KVCache
 from osserve.ops.attention import AttentionMetadata, BlockTables
@@ -118,10 +120,25 @@ class ModelRunner:
         index = self._to_device(np.stack([rows, prev]))  # [2, P]: (flat row, prev row)
         input_ids.index_copy_(0, index[0], prev_tokens[index[1]].to(input_ids.dtype))
 
+    def copy_blocks(self, copies: list[BlockCopy]) -> None:
+        """Each copy's source block into its destination, k and v, in every layer of its group."""
+        for group, layers in layer_groups(self.model.config).items():
+            pairs = [(c.src, c.dst) for c in copies if c.group == group]
+            if not pairs:
+                continue
+            src, dst = self._to_device(np.asarray(pairs, dtype=np.int64).T.copy())
+            for layer in layers:
+                for cache in self.kv_caches[layer]:
+                    cache.index_copy_(0, dst, cache.index_select(0, src))
+
     @torch.inference_mode()
-    def run(self, entries: list[BatchEntry], prev_tokens: torch.Tensor | None = None) -> StepLogits:
+    def run(self, entries: list[BatchEntry], prev_tokens: torch.Tensor | None = None,
+            copies: list[BlockCopy] | None = None) -> StepLogits:
         """The logits of the entries with sample=True, and their greedy ids where they came with
-        them. prev_tokens: the previous step's sampled ids, on the device (see BatchEntry.prev_row)."""
+        them. prev_tokens: the previous step's sampled ids, on the device (see BatchEntry.prev_row).
+        copies: KV blocks to copy first (newcomers' cached last blocks, kv_cache.py)."""
+        if copies:
+            self.copy_blocks(copies)
         if self.graphs is not None and self.graphs.can_run(len(entries)) and all(
             len(e.token_ids) == 1 and e.sample for e in entries
         ):

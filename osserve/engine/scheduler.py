@@ -17,7 +17,7 @@ from collections.abc import Collection
 from dataclasses import dataclass, field
 
 from osserve.config import SchedulerConfig
-from osserve.engine.kv_cache import KVCacheManager
+from osserve.engine.kv_cache import BlockCopy, KVCacheManager
 from osserve.engine.request import Request, RequestStatus, finished_status
 from osserve.engine.sampling_params import SamplingParams
 from osserve.errors import ContextLengthError, InvalidRequestError
@@ -38,6 +38,7 @@ class ScheduledRequest:
 class SchedulerOutput:
     scheduled: list[ScheduledRequest] = field(default_factory=list)
     preempted: list[str] = field(default_factory=list)
+    block_copies: list[BlockCopy] = field(default_factory=list)  # KV to copy before the step (kv_cache.py)
     advanced: bool = False  # advance() counted the step's tokens as computed
     tokens_pending: bool = False  # ... and its sampled tokens as pending (async scheduling)
 
@@ -173,6 +174,7 @@ class Scheduler:
             self.running.append(req)
             out.scheduled.append(self._scheduled(req, n))
             budget -= n
+        out.block_copies = self.kv.take_copies()
         return out
 
     def _admit_now(self) -> bool:

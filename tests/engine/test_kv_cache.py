@@ -97,8 +97,59 @@ def test_whole_prompt_is_never_a_hit() -> None:
     kv = KVCacheManager(BS, 64, GROUPS)
     a = req("a", list(range(64)))
     compute(kv, a, 64)
+    kv.free("a")
+    kv.pools["full"].tails.clear()  # only the full blocks: the prompt's last block is not cached
     b = req("b", list(range(64)))
     assert kv.claim_cached_prefix(b) == 48  # the last token must be computed for its logits
+    assert kv.take_copies() == []
+
+
+def test_a_repeated_prompt_copies_its_cached_last_block() -> None:
+    kv = KVCacheManager(BS, 64, GROUPS)
+    prompt = list(range(63))  # 3 full blocks and 15 tokens
+    a = req("a", prompt)
+    compute(kv, a, 64)
+    a_tables = {g: list(t) for g, t in kv.block_tables("a").items()}
+    b = req("b", prompt)
+    assert kv.claim_cached_prefix(b) == 62  # all but the last token, which is computed for its logits
+    assert kv.stats.prefix_cache_hits == 62
+    copies = kv.take_copies()
+    assert kv.take_copies() == []  # taken once
+    b_tables = kv.block_tables("b")
+    # Per group: block 3 is a fresh block, to be filled from a's block 3 before b's first step.
+    assert sorted((c.group, c.src, c.dst) for c in copies) == sorted(
+        (g, a_tables[g][3], b_tables[g][3]) for g in kv.groups)
+    assert all(b_tables[g][3] != a_tables[g][3] for g in kv.groups)
+    assert b_tables["full"][:3] == a_tables["full"][:3]  # the full blocks are shared
+    assert kv.allocate_slots(b, 1)  # the last token's slot is in the copied block: nothing to add
+    assert len(b_tables["full"]) == 4
+    # A different last token, or a prompt that goes on, finds no such block.
+    assert kv.claim_cached_prefix(req("c", prompt[:-1] + [999])) == 48
+    assert kv.claim_cached_prefix(req("d", prompt + [5, 6])) == 48
+    kv.free("c")
+    kv.free("d")
+    assert kv.take_copies() == []  # freed before their step: their copies went with them
+    # Reused for other data, a block is no longer found as anyone's last block.
+    kv.free("a")
+    kv.free("b")
+    e = req("e", list(range(1000, 1000 + 64 * BS)))
+    assert kv.allocate_slots(e, 64 * BS)
+    kv.free("e")
+    assert kv.claim_cached_prefix(req("f", prompt)) == 0 and kv.take_copies() == []
+
+
+def test_the_cached_last_block_is_all_groups_or_none() -> None:
+    kv = KVCacheManager(BS, {"sliding": 64, "full": 5}, GROUPS)
+    prompt = list(range(40))  # 2 full blocks and 8 tokens
+    compute(kv, req("a", prompt), 64)
+    assert kv.num_free_blocks("full") == 2
+    assert kv.claim_cached_prefix(req("b", prompt)) == 39
+    assert kv.num_free_blocks("full") == 1
+    c = req("c", prompt)
+    kv.allocate_slots(req("x", list(range(16))), 16)  # takes the last free full block
+    assert kv.claim_cached_prefix(c) == 32  # no full block to copy into: the full blocks only
+    assert all(len(t) == 2 for t in kv.block_tables("c").values())  # no sliding block taken either
+    assert sorted(copy.group for copy in kv.take_copies()) == ["full", "sliding"]  # b's, none of c's
 
 
 def test_fits_at_all() -> None:

@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from osserve.engine.kv_tensors import layer_groups
 from osserve.engine.load import EngineArgs, build_engine
 from osserve.engine.sampling_params import SamplingParams
 from osserve.ops.dispatch import reference_ops
@@ -172,8 +173,55 @@ def test_mixed_step_graphs_match_eager_mixed_steps(tiny_checkpoint: Path) -> Non
     assert exact >= ref_exact - 0.03 and close >= ref_close - 0.03 and exact >= 0.85
 
 
+def test_a_repeated_prompt_copies_its_cached_last_block(tiny_checkpoint: Path) -> None:
+    """Copies of a 63-token prompt join a running decode with CUDA graphs and async scheduling: each
+    takes the cached full blocks and a copy of the prompt's last block (engine/kv_cache.py), made
+    on the device before the step, and computes only its last token, in the decode graph. The
+    copies are exact, and the copies' greedy tokens agree with the fp32 reference as a fast-path
+    run's must (test_mixed_step_graphs_match_eager_mixed_steps)."""
+    engine = build_engine(EngineArgs(model=str(tiny_checkpoint), max_model_len=4096, kv_cache_gb=1))
+    runner = engine.runner
+    copied: list[str] = []
+    copy_blocks = runner.copy_blocks
+
+    def checked_copy(copies):  # type: ignore[no-untyped-def]
+        copy_blocks(copies)
+        for c in copies:  # right away: a freed source block may be handed out again later
+            for layer in layer_groups(runner.model.config)[c.group]:
+                assert all(torch.equal(t[c.dst], t[c.src]) for t in runner.kv_caches[layer])
+            copied.append(c.group)
+
+    runner.copy_blocks = checked_copy  # type: ignore[method-assign]
+    g = torch.Generator().manual_seed(3)
+    prompt, other = (torch.randint(0, 199_000, (n,), generator=g).tolist() for n in (63, 100))
+    greedy(engine, [prompt], 4)  # computes the prompt and caches its blocks
+    params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+    engine.add_request("other", other, params)
+    outs: dict[str, list[int]] = {}
+    cached: dict[str, int] = {}
+    for step in range(40):
+        if step == 3:  # beside a running decode
+            before = engine.prompt_tokens_total
+            for i in range(4):
+                engine.add_request(f"copy{i}", prompt, SamplingParams(**vars(params)))
+        for d in engine.step():
+            outs.setdefault(d.request_id, []).extend(d.new_token_ids)
+            cached[d.request_id] = d.num_cached_tokens
+    assert not engine.has_unfinished()
+    assert sorted(copied) == ["full"] * 4 + ["sliding"] * 4
+    assert [cached[f"copy{i}"] for i in range(4)] == [62] * 4 and engine.prompt_tokens_total - before == 4
+    copies = [outs[f"copy{i}"] for i in range(4)]
+    assert all(c == copies[0] for c in copies) and len(copies[0]) == 24
+    model = runner.model
+    model.float()
+    exact, close = agreement(model, [prompt], copies[:1])
+    print(f"copies against the fp32 reference: {exact:.3f} / {close:.3f}")
+    assert exact >= 0.85
+
+
 FIRST_REQUESTS = """
 import sys, triton
+from osserve.engine.kv_tensors import layer_groups
 from osserve.engine.load import EngineArgs, build_engine
 from osserve.server.generation import sampling_params
 engine = build_engine(EngineArgs(model=sys.argv[1], max_model_len=4096, kv_cache_gb=1))  # warms up on a GPU
