@@ -12,6 +12,7 @@ auto_drop_analysis does exactly this).
 
 from __future__ import annotations
 
+import functools
 import json
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -103,28 +104,10 @@ def assistant_messages(m: ChatMessage) -> list[Message]:
     return out
 
 
-def render_chat(
-    messages: list[ChatMessage],
-    *,
-    tools: list[FunctionTool] | None = None,
-    tool_choice: ToolChoice = "auto",
-    reasoning_effort: Effort = "medium",
-) -> RenderedPrompt:
-    """The prompt tokens for the assistant's next turn."""
-    tools = list(tools or [])
-    if tool_choice == "none":
-        tools = []  # as vLLM does: the model is not told of tools it may not call
-    names = {t.name for t in tools}
-    forced: str | None = None
-    if isinstance(tool_choice, dict):
-        forced = tool_choice.get("name")
-        if forced not in names:
-            raise InvalidRequestError(f"tool_choice names '{forced}', which is not in tools", "tool_choice")
-    elif tool_choice == "required":
-        if not tools:
-            raise InvalidRequestError("tool_choice 'required' needs at least one tool", "tool_choice")
-        if len(tools) == 1:
-            forced = tools[0].name
+def harmony_messages(messages: list[ChatMessage], tools: list[FunctionTool],
+                     reasoning_effort: Effort) -> tuple[list[Message], int]:
+    """The chat as harmony messages, and how many of them lead it (the system message and the
+    developer's, if any: their tokens are rendered once, _render_head)."""
     instructions = [m.content for m in messages if m.role in ("system", "developer") and m.content]
     convo: list[Message] = [_system_message(reasoning_effort, bool(tools))]
     dev = _developer_message(instructions, tools)
@@ -153,10 +136,37 @@ def render_chat(
             )
         else:
             raise InvalidRequestError(f"unknown message role {m.role!r}", "messages")
-    convo = _drop_analysis_before_last_final(convo)
+    head = 1 if dev is None else 2
+    return convo[:head] + _drop_analysis_before_last_final(convo[head:]), head
+
+
+def render_chat(
+    messages: list[ChatMessage],
+    *,
+    tools: list[FunctionTool] | None = None,
+    tool_choice: ToolChoice = "auto",
+    reasoning_effort: Effort = "medium",
+) -> RenderedPrompt:
+    """The prompt tokens for the assistant's next turn."""
+    tools = list(tools or [])
+    if tool_choice == "none":
+        tools = []  # as vLLM does: the model is not told of tools it may not call
+    names = {t.name for t in tools}
+    forced: str | None = None
+    if isinstance(tool_choice, dict):
+        forced = tool_choice.get("name")
+        if forced not in names:
+            raise InvalidRequestError(f"tool_choice names '{forced}', which is not in tools", "tool_choice")
+    elif tool_choice == "required":
+        if not tools:
+            raise InvalidRequestError("tool_choice 'required' needs at least one tool", "tool_choice")
+        if len(tools) == 1:
+            forced = tools[0].name
+    convo, head = harmony_messages(messages, tools, reasoning_effort)
     enc = load_tokenizer().encoding
-    ids: list[int] = enc.render_conversation_for_completion(  # type: ignore[attr-defined]
-        Conversation.from_messages(convo), Role.ASSISTANT, RenderConversationConfig(auto_drop_analysis=False)
+    ids = list(_render_head(Conversation.from_messages(convo[:head]).to_json()))
+    ids += enc.render_conversation_for_completion(  # type: ignore[attr-defined]
+        Conversation.from_messages(convo[head:]), Role.ASSISTANT, RENDER_CONFIG
     )
     prefill: list[int] = []
     if forced is not None:
@@ -166,6 +176,20 @@ def render_chat(
         # dot is left to the model: o200k merges it into the name (".get"), as in training.
         prefill = _encode_special("<|channel|>commentary to=functions")
     return RenderedPrompt(token_ids=ids + prefill, prefill_token_ids=prefill)
+
+
+RENDER_CONFIG = RenderConversationConfig(auto_drop_analysis=False)
+
+
+@functools.lru_cache(maxsize=64)
+def _render_head(head_json: str) -> tuple[int, ...]:
+    """The system (and developer) messages' tokens, by their JSON: the same for most requests
+    (effort, instructions, tools), rendered once. The renderer takes about as long for them as for
+    the rest of a one-line chat (~80 µs each here): at a serving wave's 256 arrivals, on the HTTP
+    process's one thread, that was ~20-80 ms of queueing. Rendered alone, they are the tokens the
+    whole conversation's rendering starts with (tests/harmony/test_render.py checks it)."""
+    enc = load_tokenizer().encoding
+    return tuple(enc.render_conversation(Conversation.from_json(head_json), RENDER_CONFIG))  # type: ignore[attr-defined]
 
 
 def _drop_analysis_before_last_final(convo: list[Message]) -> list[Message]:

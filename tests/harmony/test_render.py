@@ -4,7 +4,15 @@ from __future__ import annotations
 
 from openai_harmony import Conversation, Message, RenderConversationConfig, Role
 
-from osserve.harmony.render import ChatMessage, FunctionTool, ToolCall, render_chat
+from osserve.harmony.render import (
+    RENDER_CONFIG,
+    ChatMessage,
+    FunctionTool,
+    ToolCall,
+    _render_head,
+    harmony_messages,
+    render_chat,
+)
 from osserve.tokenizer import load_tokenizer
 
 
@@ -60,3 +68,28 @@ def test_required_with_several_tools_prefills_the_namespace() -> None:
     out = enc.encode('.get_weather <|constrain|>json<|message|>{"city": "Oslo"}<|call|>', allowed_special="all")
     parsed = parse_completion(out, r.prefill_token_ids)
     assert [(c.name, c.arguments) for c in parsed.tool_calls] == [("get_weather", '{"city": "Oslo"}')]
+
+
+def test_the_leading_messages_rendered_once_are_the_whole_renderings_start() -> None:
+    """render_chat renders the system and developer messages alone (and once: _render_head's
+    cache); with the rest rendered after them, the tokens must be the whole conversation's."""
+    enc = load_tokenizer().encoding
+    calls = [ToolCall("c1", "f", '{"a": 1}')]
+    weather = FunctionTool("get_weather", "Weather now", {"type": "object", "properties": {"city": {"type": "string"}}})
+    chats = [
+        ([ChatMessage("user", "Explain quantum mechanics in one paragraph.")], [], "medium"),
+        ([ChatMessage("system", "Be brief."), ChatMessage("user", "hi")], [], "low"),
+        ([ChatMessage("developer", "Answer in French."), ChatMessage("user", "hi")], [weather], "high"),
+        ([ChatMessage("user", "one"), ChatMessage("assistant", "final one", reasoning="THOUGHT-1"),
+          ChatMessage("user", "two"), ChatMessage("assistant", None, reasoning="THOUGHT-2", tool_calls=calls),
+          ChatMessage("tool", "result", tool_call_id="c1")], [FunctionTool("f"), weather], "medium"),
+        ([ChatMessage("system", "S."), ChatMessage("user", "q"), ChatMessage("assistant", "a")], [], "medium"),
+    ]
+    for messages, tools, effort in chats:
+        convo, head = harmony_messages(messages, tools, effort)
+        whole = enc.render_conversation_for_completion(Conversation.from_messages(convo), Role.ASSISTANT,
+                                                       RENDER_CONFIG)
+        assert render_chat(messages, tools=tools, reasoning_effort=effort).token_ids == whole
+    hits = _render_head.cache_info().hits
+    render_chat(*chats[0][:1])
+    assert _render_head.cache_info().hits == hits + 1
