@@ -64,18 +64,17 @@ async def generate(
     start = time.monotonic()
     first: float | None = None
     last = start
-    itls: list[float] = []
     async for d in state.engine.generate(prompt, params, request_id):
         now = time.monotonic()
         if d.new_token_ids:
             if first is None:
                 first = now
             else:
-                itls.append(now - last)
+                state.metrics.observe_itl(now - last)
             last = now
         if d.finished:
-            state.metrics.observe_request(None if first is None else first - start, itls,
-                                          now - start, d.queue_time, d.finish_reason)
+            state.metrics.observe_request(None if first is None else first - start, now - start,
+                                          d.queue_time, d.finish_reason)
         yield d
 
 

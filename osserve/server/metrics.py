@@ -58,17 +58,21 @@ class ServerMetrics:
 
         self.ttft = hist("time_to_first_token_seconds", "Time to first token.")
         self.itl = hist("inter_token_latency_seconds", "Time between output tokens.")
+        self.itl_of_model = self.itl.labels(model)  # observed once per token: the label looked up once
         self.e2e = hist("e2e_request_latency_seconds", "End-to-end request latency.")
         self.queue = hist("request_queue_time_seconds", "Time waiting before first scheduled.")
         self.success = Counter("osserve:request_success", "Finished requests by finish reason.",
                                ["model_name", "finished_reason"], registry=self.registry)
 
-    def observe_request(self, ttft: float | None, itls: list[float], e2e: float,
-                        queue: float | None, finish_reason: str | None) -> None:
+    def observe_itl(self, seconds: float) -> None:
+        """One inter-token latency, as it happens: observed at a request's end instead, a serving
+        wave's 256 ends were ~32k observations at once on the HTTP process's thread."""
+        self.itl_of_model.observe(seconds)
+
+    def observe_request(self, ttft: float | None, e2e: float, queue: float | None,
+                        finish_reason: str | None) -> None:
         if ttft is not None:
             self.ttft.labels(self.model).observe(ttft)
-        for x in itls:
-            self.itl.labels(self.model).observe(x)
         self.e2e.labels(self.model).observe(e2e)
         if queue is not None:
             self.queue.labels(self.model).observe(queue)

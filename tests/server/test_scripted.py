@@ -240,13 +240,14 @@ def test_disconnect_aborts(base: str, stub: ScriptedEngine) -> None:
 
 
 def test_metrics_move(base: str, client: OpenAI, stub: ScriptedEngine) -> None:
-    def count() -> float:
+    def count(name: str = "e2e_request_latency_seconds") -> float:
         for line in httpx.get(f"{base}/metrics").text.splitlines():
-            if line.startswith("osserve:e2e_request_latency_seconds_count"):
+            if line.startswith(f"osserve:{name}_count"):
                 return float(line.split()[-1])
         return 0.0
     stub.script = REASON_FINAL
-    before = count()
+    before, itls = count(), count("inter_token_latency_seconds")
     ask(client)
     assert count() == before + 1
+    assert count("inter_token_latency_seconds") >= itls + len(REASON_FINAL) - 2  # one per token after the first
     assert "osserve:time_to_first_token_seconds_bucket" in httpx.get(f"{base}/metrics").text
