@@ -89,22 +89,29 @@ def test_preemption_keeps_outputs(tiny_checkpoint: Path, alone: dict[str, list[i
     assert all(eng.kv.num_free_blocks(g) == eng.kv.num_blocks(g) for g in eng.kv.groups)
 
 
-def test_prefix_cache_prefills_only_new_tokens(tiny_checkpoint: Path) -> None:
-    eng = make_engine(tiny_checkpoint)
-    shared = prompts(1, seed=5)[0] + prompts(1, seed=6)[0] + prompts(1, seed=7)[0]
-    shared = (shared * 3)[:300]
-    first, second = shared + [11, 12, 13], shared + [21, 22, 23, 24]
-    run(eng, [first], GREEDY)
+def run_counting_cache(eng: LLMEngine, prompt: list[int]) -> tuple[list[int], int | None, int]:
+    """One greedy request alone: (its tokens, its prompt tokens found in the cache, the prompt
+    tokens the engine computed for it)."""
     before = eng.prompt_tokens_total
-    eng.add_request("second", second, SamplingParams(**vars(GREEDY)))
+    eng.add_request("counted", prompt, SamplingParams(**vars(GREEDY)))
     out: list[int] = []
     cached = None
     while eng.has_unfinished():
         for d in eng.step():
             out.extend(d.new_token_ids)
             cached = d.num_cached_tokens
+    return out, cached, eng.prompt_tokens_total - before
+
+
+def test_prefix_cache_prefills_only_new_tokens(tiny_checkpoint: Path) -> None:
+    eng = make_engine(tiny_checkpoint)
+    shared = prompts(1, seed=5)[0] + prompts(1, seed=6)[0] + prompts(1, seed=7)[0]
+    shared = (shared * 3)[:300]
+    first, second = shared + [11, 12, 13], shared + [21, 22, 23, 24]
+    run(eng, [first], GREEDY)
+    out, cached, computed = run_counting_cache(eng, second)
     assert cached == 288  # 18 full blocks of 16 of the shared 300 tokens
-    assert eng.prompt_tokens_total - before == len(second) - 288
+    assert computed == len(second) - 288
     ref = make_engine(tiny_checkpoint, no_prefix_caching=True)
     assert out == run(ref, [second], GREEDY)["r0"]
 
@@ -116,15 +123,8 @@ def test_a_repeated_prompt_computes_only_its_last_token(tiny_checkpoint: Path, l
     eng = make_engine(tiny_checkpoint)
     prompt = ((prompts(1, seed=5)[0] + prompts(1, seed=6)[0]) * 4)[:length]
     first = run(eng, [prompt], GREEDY)["r0"]
-    before = eng.prompt_tokens_total
-    eng.add_request("again", prompt, SamplingParams(**vars(GREEDY)))
-    out: list[int] = []
-    cached = None
-    while eng.has_unfinished():
-        for d in eng.step():
-            out.extend(d.new_token_ids)
-            cached = d.num_cached_tokens
-    assert cached == length - 1 and eng.prompt_tokens_total - before == 1
+    out, cached, computed = run_counting_cache(eng, prompt)
+    assert cached == length - 1 and computed == 1
     ref = make_engine(tiny_checkpoint, no_prefix_caching=True)
     assert out == first == run(ref, [prompt], GREEDY)["r0"]
 
