@@ -80,14 +80,10 @@ class BlockPool:
     def allocate(self) -> int:
         block_id, _ = self.free.popitem(last=False)  # least recently freed first
         block = self.blocks[block_id]
-        if block.block_hash is not None:  # evict it from the prefix cache
-            if self.cached.get(block.block_hash) == block_id:
-                del self.cached[block.block_hash]
-            block.block_hash = None
-        if block.tail_hash is not None:
-            if self.tails.get(block.tail_hash) == block_id:
-                del self.tails[block.tail_hash]
-            block.tail_hash = None
+        for index, name in ((self.cached, block.block_hash), (self.tails, block.tail_hash)):
+            if name is not None and index.get(name) == block_id:
+                del index[name]  # evict it from the prefix cache
+        block.block_hash = block.tail_hash = None
         block.ref_count = 1
         return block_id
 
