@@ -135,5 +135,5 @@ def build_async_engine(args) -> EngineClient:  # type: ignore[no-untyped-def]
     if in_process:
         from osserve.engine.process_engine import ProcessEngine
 
-        return ProcessEngine(engine_args, max_waiting=getattr(args, "max_waiting", None))
+        return ProcessEngine.start(engine_args, max_waiting=getattr(args, "max_waiting", None))
     return AsyncEngine(build_engine(engine_args), max_waiting=getattr(args, "max_waiting", None))

@@ -3,9 +3,10 @@
 With the step loop in a thread (AsyncEngine), the engine and the HTTP server share one GIL: at
 256 streams, each step's host work (scheduling, batch building, detokenising) is stretched by the
 server's per-token work (harmony parsing, JSON, SSE writes) and the GPU waits. Here the engine
-runs in a child process (spawned: CUDA cannot be forked) and talks to the server through two
-pipes: requests and aborts go down, each step's deltas (with an EngineStats snapshot) come up. A
-reader thread in the server process hands the deltas to each request's asyncio.Queue.
+runs in a child process (spawned: CUDA cannot be forked) and talks to its HTTP server processes
+(one, or several: server/api_servers.py) through two pipes each: requests and aborts go down,
+each step's deltas (with an EngineStats snapshot) come up to the server that sent the request. A
+reader thread in each server process hands the deltas to each request's asyncio.Queue.
 
 A request the engine rejects (bad input, too long) comes back as a `rejected` message, raised as
 the same typed osserve error from the first `anext` of `generate`, before any delta is yielded.
@@ -17,18 +18,22 @@ import asyncio
 import gc
 import logging
 import multiprocessing as mp
+import signal
 import threading
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
-from multiprocessing.connection import Connection
-from typing import Any
+from dataclasses import dataclass, field
+from multiprocessing.connection import Connection, wait
+from multiprocessing.process import BaseProcess
+from typing import TYPE_CHECKING, Any
 
 from osserve import errors
-from osserve.engine.load import EngineArgs
 from osserve.engine.outputs import CompletionDelta, EngineStats, Queues, coalesce, deliver, error_delta
 from osserve.engine.sampling_params import SamplingParams
 from osserve.errors import EngineDeadError, OsserveError, OverloadedError
 from osserve.tokenizer import load_tokenizer
+
+if TYPE_CHECKING:  # imported by the engine process only: an HTTP server process never loads torch
+    from osserve.engine.load import EngineArgs
 
 log = logging.getLogger("osserve")
 
@@ -73,15 +78,69 @@ def unpack_output(item: _Output) -> CompletionDelta | _Rejected:
     return item
 
 
+# ---------------------------------------------------------------------- the engine's side of the pipes
+Link = tuple[Connection, Connection]  # one server's ends of its two pipes: commands, outputs
+
+
+@dataclass
+class ServerLinks:
+    """The engine process's pipes to its HTTP server processes, each a (commands in, outputs out)
+    pair. A request's outputs go back to the server that sent it. A server that hangs up has its
+    requests aborted; when no server is left, the engine stops."""
+
+    links: dict[int, Link]
+    owner: dict[str, int] = field(default_factory=dict)  # request id -> the server that sent it
+
+    def receive(self, timeout: float) -> list[tuple[Any, ...]]:
+        """Every command waiting, after waiting up to `timeout` s for the first."""
+        msgs: list[tuple[Any, ...]] = []
+        ready = wait([commands for commands, _ in self.links.values()], timeout)
+        for server, (commands, _) in list(self.links.items()):
+            if commands not in ready:
+                continue
+            try:
+                while commands.poll():
+                    msg = commands.recv()
+                    if msg[0] == "add":
+                        self.owner[msg[1]] = server
+                    msgs.append(msg)
+            except EOFError:  # that server is gone: nobody would read its requests' outputs
+                del self.links[server]
+                msgs += [("abort", rid) for rid, s in self.owner.items() if s == server]
+        return msgs if self.links else [*msgs, ("stop",)]
+
+    def send(self, items: list[CompletionDelta | _Rejected], stats: EngineStats) -> None:
+        """Each item to its request's server; every server gets the stats (its /metrics reads them)."""
+        by_server: dict[int, list[CompletionDelta | _Rejected]] = {server: [] for server in self.links}
+        for item in items:
+            rid = item.request_id
+            server = self.owner.pop(rid, None) if item.finished else self.owner.get(rid)
+            if server in by_server:
+                by_server[server].append(item)
+        for server, mine in by_server.items():
+            self._send(server, ("out", pack_outputs(mine), stats))
+
+    def announce(self, msg: tuple[Any, ...]) -> None:
+        for server in self.links:
+            self._send(server, msg)
+
+    def _send(self, server: int, msg: tuple[Any, ...]) -> None:
+        try:
+            self.links[server][1].send(msg)
+        except OSError:
+            pass  # that server is gone: its commands pipe says so at the next receive
+
+
 # ---------------------------------------------------------------------- the engine process
-def _engine_main(args: EngineArgs, commands: Connection, outputs: Connection) -> None:
+def _engine_main(args: EngineArgs, links: ServerLinks) -> None:
     from osserve.engine.load import build_engine
 
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group: its servers stop it
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         engine = build_engine(args)
     except Exception as e:  # say why, instead of a silent dead child
-        outputs.send(("dead", repr(e)))
+        links.announce(("dead", repr(e)))
         return
     # Everything built so far (modules, the model, the KV manager's block records: ~400k objects)
     # lives as long as this process. Frozen, the collector's full passes skip it: unfrozen, each
@@ -89,15 +148,13 @@ def _engine_main(args: EngineArgs, commands: Connection, outputs: Connection) ->
     # first: garbage still waiting in a cycle would be frozen too, and never freed.
     gc.collect()
     gc.freeze()
-    outputs.send(("ready", {"max_model_len": engine.max_model_len,
-                            "max_waiting": engine.scheduler_config.max_waiting}))
+    links.announce(("ready", {"max_model_len": engine.max_model_len,
+                              "max_waiting": engine.scheduler_config.max_waiting}))
     try:
         while True:
-            busy = engine.has_unfinished()
             out: list[CompletionDelta | _Rejected] = []
-            # Drain what arrived; when idle, block (briefly) for the next request.
-            while commands.poll(0 if busy else 0.5):
-                msg = commands.recv()
+            # What arrived; when idle, wait (briefly) for the next request.
+            for msg in links.receive(0 if engine.has_unfinished() else 0.5):
                 if msg[0] == "stop":
                     return
                 if msg[0] == "abort":
@@ -109,42 +166,83 @@ def _engine_main(args: EngineArgs, commands: Connection, outputs: Connection) ->
                         engine.add_request(rid, prompt, params)  # validates first
                     except OsserveError as e:
                         out.append(_Rejected(rid, type(e).__name__, e.message, e.param))
-                busy = True
             if engine.has_unfinished():
                 out += engine.step()
                 profile = engine.profile
                 if profile.steps and profile.steps % profile.every == 0:
                     log.info("engine: %s", profile.summary())
             if out:
-                outputs.send(("out", pack_outputs(out), engine.stats()))
-    except EOFError:
-        return  # the server closed its end of the pipe without a "stop": it is gone, nothing to tell
+                links.send(out, engine.stats())
     except Exception as e:
         log.exception("engine step loop failed")
-        outputs.send(("dead", repr(e)))
+        links.announce(("dead", repr(e)))
     finally:
         gc.unfreeze()  # for the exit's collection: objects still frozen then are reported as leaked
 
 
+EngineMain = Callable[["EngineArgs", ServerLinks], None]
+
+
+@dataclass
+class EngineProcess:
+    """A started engine process and its servers' ends of the pipes, one pair per server."""
+
+    process: BaseProcess
+    links: list[Link]
+    info: dict[str, Any]  # from its "ready": max_model_len, max_waiting
+
+    def stop(self) -> None:
+        if self.process.is_alive():
+            try:
+                self.links[0][0].send(("stop",))
+            except OSError:
+                pass
+            self.process.join(timeout=10)
+            if self.process.is_alive():
+                self.process.terminate()
+
+
+def start_engine_process(args: EngineArgs, servers: int = 1, engine_main: EngineMain = _engine_main) -> EngineProcess:
+    """Spawn the engine (CUDA cannot be forked) with pipes for `servers` HTTP server processes, and
+    wait until it is ready. engine_main: the child's loop (benchmarks/profile_http.py passes one
+    without a model)."""
+    ctx = mp.get_context("spawn")
+    engine_ends: dict[int, Link] = {}
+    server_ends: list[Link] = []
+    for server in range(servers):
+        commands_in, commands_out = ctx.Pipe(duplex=False)  # (reader, writer): down to the engine
+        outputs_in, outputs_out = ctx.Pipe(duplex=False)  # up from the engine
+        engine_ends[server] = (commands_in, outputs_out)
+        server_ends.append((commands_out, outputs_in))
+    process = ctx.Process(target=engine_main, args=(args, ServerLinks(engine_ends)), name="osserve-engine",
+                          daemon=True)
+    process.start()
+    for commands_in, outputs_out in engine_ends.values():
+        commands_in.close()
+        outputs_out.close()
+    try:
+        # The engine says "ready" (or "dead") to every server: read each, so none finds it later.
+        kind, info = [outputs.recv() for _, outputs in server_ends][0]
+    except EOFError:  # it died before it could say anything
+        process.join(timeout=10)
+        kind, info = "dead", f"it exited with code {process.exitcode}"
+    if kind != "ready":
+        process.join(timeout=10)
+        raise EngineDeadError(f"the engine process failed to start: {info}")
+    return EngineProcess(process, server_ends, info)
+
+
 # ---------------------------------------------------------------------- the server side
 class ProcessEngine:
-    """Implements osserve.engine.outputs.EngineClient over an engine in a child process."""
+    """Implements osserve.engine.outputs.EngineClient over an engine in another process, through
+    one server's pair of pipes."""
 
-    def __init__(self, args: EngineArgs, max_waiting: int | None = None,
-                 engine_main: Callable[[EngineArgs, Connection, Connection], None] = _engine_main) -> None:
-        """engine_main: the child's loop (benchmarks/profile_http.py passes one without a model)."""
-        ctx = mp.get_context("spawn")
-        child_commands, self._commands = ctx.Pipe(duplex=False)  # (reader, writer): down to the engine
-        self._outputs, child_outputs = ctx.Pipe(duplex=False)  # up from the engine
-        self._proc = ctx.Process(target=engine_main, args=(args, child_commands, child_outputs),
-                                 name="osserve-engine", daemon=True)
-        self._proc.start()
-        child_commands.close()
-        child_outputs.close()
-        kind, info = self._outputs.recv()
-        if kind != "ready":
-            self._proc.join(timeout=10)
-            raise EngineDeadError(f"the engine process failed to start: {info}")
+    def __init__(self, link: Link, info: dict[str, Any], max_waiting: int | None = None,
+                 process: EngineProcess | None = None) -> None:
+        """process: the engine process, when this server started it and stops it at shutdown
+        (server/api_servers.py's server processes share one their supervisor owns)."""
+        self._commands, self._outputs = link
+        self._process = process
         self._max_model_len: int = info["max_model_len"]
         self.max_waiting = max_waiting or info["max_waiting"]
         self._tokenizer = load_tokenizer()
@@ -155,13 +253,20 @@ class ProcessEngine:
         self._reader = threading.Thread(target=self._read_loop, name="osserve-engine-reader", daemon=True)
         self._reader.start()
 
+    @classmethod
+    def start(cls, args: EngineArgs, max_waiting: int | None = None,
+              engine_main: EngineMain = _engine_main) -> ProcessEngine:
+        """An engine process of its own, for this one server."""
+        process = start_engine_process(args, 1, engine_main)
+        return cls(process.links[0], process.info, max_waiting, process)
+
     @property
     def max_model_len(self) -> int:
         return self._max_model_len
 
     @property
     def is_ready(self) -> bool:
-        return self._dead is None and self._proc.is_alive()
+        return self._dead is None and (self._process is None or self._process.process.is_alive())
 
     @property
     def tokenizer(self):  # type: ignore[no-untyped-def]
@@ -205,14 +310,10 @@ class ProcessEngine:
         return self._stats
 
     def shutdown(self) -> None:
-        if self._proc.is_alive():
-            try:
-                self._send(("stop",))
-            except OSError:
-                pass
-            self._proc.join(timeout=10)
-            if self._proc.is_alive():
-                self._proc.terminate()
+        if self._process is not None:
+            self._process.stop()
+        else:  # the engine, shared, goes on: hanging up aborts this server's requests there
+            self._commands.close()
 
     def _read_loop(self) -> None:
         try:

@@ -17,6 +17,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from osserve import __version__
 from osserve.engine.outputs import EngineClient
+from osserve.errors import ConfigError
 from osserve.server import chat, completions, ollama, responses
 from osserve.server.errors import error_response, install_error_handlers
 from osserve.server.generation import ServerState
@@ -35,6 +36,7 @@ class ServerConfig:
     api_key: str | None = None
     max_body_bytes: int = 8 * 2**20
     max_stored_responses: int = 1024
+    responses_db: str = ":memory:"  # a file when several server processes share it (api_servers.py)
 
 
 class _Guard:
@@ -74,7 +76,8 @@ def create_app(engine: EngineClient, tokenizer: Tokenizer, config: ServerConfig)
                   description="OpenAI- and Ollama-compatible server for gpt-oss")
     state = ServerState(engine=engine, tokenizer=tokenizer, model_name=config.model_name,
                         metrics=ServerMetrics(engine.stats, config.model_name),
-                        responses=ResponseStore(config.max_stored_responses), api_key=config.api_key)
+                        responses=ResponseStore(config.max_stored_responses, config.responses_db),
+                        api_key=config.api_key)
     app.state.osserve = state
     app.add_middleware(_Guard, config=config)
     install_error_handlers(app)
@@ -106,10 +109,27 @@ def run_server(args: argparse.Namespace) -> int:
     from osserve.engine.async_engine import build_async_engine
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    engine = build_async_engine(args)
     name = args.served_model_name or (args.model.rstrip("/").split("/")[-1] if args.model else
                                       f"gpt-oss-{args.preset}" if args.preset else "osserve-builtin")
-    app = create_app(engine, engine.tokenizer, ServerConfig(model_name=name, api_key=args.api_key))
+    config = ServerConfig(model_name=name, api_key=args.api_key)
+    if args.api_server_count > 1:
+        from osserve.server.api_servers import run_api_servers
+
+        return run_api_servers(args, config, lambda: _announce(args, name))
+    if args.api_server_count < 1:
+        raise ConfigError("--api-server-count must be at least 1", "api_server_count")
+    engine = build_async_engine(args)
+    app = create_app(engine, engine.tokenizer, config)
+    _announce(args, name)
+    try:
+        uvicorn.run(app, host=args.host, port=args.port, log_level="info")
+    finally:
+        engine.shutdown()
+    return 0
+
+
+def _announce(args: argparse.Namespace, name: str) -> None:
+    """Once the server is up: how to call it, and the showcase if asked for."""
     base = f"http://{args.host}:{args.port}"
     print(f"""
 osserve {__version__} serving '{name}' at {base}  (OpenAI: {base}/v1, Ollama: {base}/api)
@@ -123,11 +143,6 @@ print(r.choices[0].message)"
 """, flush=True)
     if getattr(args, "showcase", False):
         threading.Thread(target=_showcase, args=(base, name, args.api_key), daemon=True).start()
-    try:
-        uvicorn.run(app, host=args.host, port=args.port, log_level="info")
-    finally:
-        engine.shutdown()
-    return 0
 
 
 def _showcase(base: str, name: str, api_key: str | None) -> None:

@@ -1,14 +1,21 @@
 """Prometheus metrics with vLLM's names under the `osserve:` prefix, so a vLLM Grafana user finds
 `osserve:num_requests_running`, `osserve:time_to_first_token_seconds`, ... Each app has its own
 registry (no global state). Engine gauges are read at scrape time; latencies are observed as
-requests finish."""
+requests finish.
+
+With several HTTP processes (server/api_servers.py), prometheus_client's multiprocess mode keeps
+each process's latencies and counts in files under PROMETHEUS_MULTIPROC_DIR (the library reads
+that variable when imported: the supervisor sets it for its server processes), and a scrape,
+whichever process it reaches, sums them all."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.registry import Collector
 
 from osserve.engine.outputs import EngineStats
@@ -50,7 +57,9 @@ class ServerMetrics:
     def __init__(self, stats: Callable[[], EngineStats], model: str) -> None:
         self.model = model
         self.registry = CollectorRegistry()
-        self.registry.register(_EngineCollector(stats, model))
+        self.engine = _EngineCollector(stats, model)
+        self.registry.register(self.engine)
+        self.shared_dir = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
         labels = ["model_name"]
 
         def hist(name: str, doc: str) -> Histogram:
@@ -79,4 +88,9 @@ class ServerMetrics:
         self.success.labels(self.model, finish_reason or "unknown").inc()
 
     def render(self) -> bytes:
-        return generate_latest(self.registry)
+        if self.shared_dir is None:
+            return generate_latest(self.registry)
+        every_process = CollectorRegistry()  # the histograms and counters of every server process
+        MultiProcessCollector(every_process, self.shared_dir)
+        every_process.register(self.engine)  # the same in each: read here
+        return generate_latest(every_process)

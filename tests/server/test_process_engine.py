@@ -25,7 +25,7 @@ MODEL = "demo"
 @pytest.fixture(scope="module")
 def engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ProcessEngine]:
     model_dir = expand_compact(DEMO_WEIGHTS, tmp_path_factory.mktemp("demo"))
-    eng = ProcessEngine(EngineArgs(model=str(model_dir), device="cpu", max_model_len=1024))
+    eng = ProcessEngine.start(EngineArgs(model=str(model_dir), device="cpu", max_model_len=1024))
     yield eng
     eng.shutdown()
 
@@ -69,7 +69,7 @@ def test_disconnect_aborts_and_frees_the_engine(base: str, engine: ProcessEngine
 
 def test_an_engine_that_cannot_start_says_why(tmp_path: Path) -> None:
     with pytest.raises(Exception, match="failed to start"):
-        ProcessEngine(EngineArgs(model=str(tmp_path), device="cpu"))  # no checkpoint there
+        ProcessEngine.start(EngineArgs(model=str(tmp_path), device="cpu"))  # no checkpoint there
 
 
 def test_a_killed_engine_fails_open_requests_instead_of_hanging(tmp_path: Path) -> None:
@@ -77,7 +77,7 @@ def test_a_killed_engine_fails_open_requests_instead_of_hanging(tmp_path: Path) 
 
     from osserve.engine.sampling_params import SamplingParams
 
-    eng = ProcessEngine(EngineArgs(model=str(expand_compact(DEMO_WEIGHTS, tmp_path)), device="cpu",
+    eng = ProcessEngine.start(EngineArgs(model=str(expand_compact(DEMO_WEIGHTS, tmp_path)), device="cpu",
                                    max_model_len=1024))
 
     async def run() -> list:  # type: ignore[type-arg]
@@ -86,7 +86,7 @@ def test_a_killed_engine_fails_open_requests_instead_of_hanging(tmp_path: Path) 
         async for d in eng.generate([200006, 1000, 2000], params, "doomed"):
             got.append(d)
             if len(got) == 2:
-                eng._proc.kill()  # the engine process dies mid-request
+                eng._process.process.kill()  # type: ignore[union-attr]  # the engine process dies mid-request
         return got
 
     deltas = asyncio.run(asyncio.wait_for(run(), timeout=60))
@@ -95,21 +95,21 @@ def test_a_killed_engine_fails_open_requests_instead_of_hanging(tmp_path: Path) 
     eng.shutdown()
 
 
-def _lockstep_engine_main(args: EngineArgs, commands, outputs) -> None:  # type: ignore[no-untyped-def]
+def _lockstep_engine_main(args: EngineArgs, links) -> None:  # type: ignore[no-untyped-def]
     """A model-free engine child: once `args.max_num_seqs` requests are in, every step sends one
     token to each of them in a single message (token = 1000 * request number + step)."""
     from osserve.engine.outputs import CompletionDelta, EngineStats
 
-    outputs.send(("ready", {"max_model_len": 1024, "max_waiting": 100}))
+    links.announce(("ready", {"max_model_len": 1024, "max_waiting": 100}))
     running: dict[str, int] = {}
     while len(running) < (args.max_num_seqs or 1):
-        msg = commands.recv()
-        running[msg[1]] = int(msg[1].removeprefix("r"))
+        for msg in links.receive(1.0):
+            running[msg[1]] = int(msg[1].removeprefix("r"))
     for step in range(3):
-        outputs.send(("out", [CompletionDelta(rid, [1000 * n + step], "x", None, step == 2, "length" if step == 2
-                                              else None, None, 3, 0, step + 1) for rid, n in running.items()],
-                      EngineStats()))
-    commands.recv()  # the "stop" at shutdown
+        links.send([CompletionDelta(rid, [1000 * n + step], "x", None, step == 2, "length" if step == 2 else None,
+                                    None, 3, 0, step + 1) for rid, n in running.items()], EngineStats())
+    while links.receive(1.0) != [("stop",)]:  # the "stop" at shutdown
+        pass
 
 
 def test_one_step_message_reaches_every_request_in_order() -> None:
@@ -119,7 +119,7 @@ def test_one_step_message_reaches_every_request_in_order() -> None:
 
     from osserve.engine.sampling_params import SamplingParams
 
-    eng = ProcessEngine(EngineArgs(max_num_seqs=20), engine_main=_lockstep_engine_main)
+    eng = ProcessEngine.start(EngineArgs(max_num_seqs=20), engine_main=_lockstep_engine_main)
 
     async def one(n: int) -> list[int]:
         tokens = []
