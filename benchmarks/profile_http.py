@@ -21,30 +21,29 @@ import subprocess
 import sys
 import threading
 import time
-from multiprocessing.connection import Connection
 
 from osserve.engine.load import EngineArgs
 from osserve.engine.outputs import CompletionDelta, EngineStats
+from osserve.engine.process_engine import ServerLinks
 from osserve.engine.sampling_params import SamplingParams
 
 PORT = 8011
 
 
-def stepping_engine_main(args: EngineArgs, commands: Connection, outputs: Connection) -> None:
+def stepping_engine_main(args: EngineArgs, links: ServerLinks) -> None:
     """A model-free engine loop: one token per running request every args.seed milliseconds (the
     step period rides in `seed`, the one integer EngineArgs has to spare)."""
     from osserve.tokenizer import load_tokenizer
 
     tok = load_tokenizer()
     words = tok.encode(" the quantum state of a particle is described by a wave function")
-    outputs.send(("ready", {"max_model_len": 4096, "max_waiting": 10_000}))
+    links.announce(("ready", {"max_model_len": 4096, "max_waiting": 10_000}))
     running: dict[str, tuple[int, SamplingParams, int]] = {}  # rid -> (prompt len, params, tokens out)
     period = args.seed / 1000
     generated = 0
     next_step = time.monotonic()
     while True:
-        while commands.poll(0 if running else 0.5):
-            msg = commands.recv()
+        for msg in links.receive(0 if running else 0.5):
             if msg[0] == "stop":
                 return
             if msg[0] == "add":
@@ -65,7 +64,7 @@ def stepping_engine_main(args: EngineArgs, commands: Connection, outputs: Connec
             if last:
                 del running[rid]
         generated += len(deltas)
-        outputs.send(("out", deltas, EngineStats(num_running=len(running), generation_tokens_total=generated)))
+        links.send(deltas, EngineStats(num_running=len(running), generation_tokens_total=generated))  # type: ignore[arg-type]
         next_step += period
         time.sleep(max(0.0, next_step - time.monotonic()))
 
@@ -81,21 +80,23 @@ def main() -> None:
     ap.add_argument("--no-profile", action="store_true", help="the server without cProfile (its own speed)")
     ap.add_argument("--loop", default="auto", help="uvicorn's event loop: auto (uvloop if installed), asyncio")
     ap.add_argument("--http", default="auto", help="uvicorn's HTTP parser: auto (httptools if installed), h11")
+    ap.add_argument("--api-servers", type=int, default=1,
+                    help="above 1: that many server processes (server/api_servers.py), not profiled")
     args = ap.parse_args()
+    if args.api_servers > 1:
+        run_api_servers(args)
+        return
 
     import uvicorn
 
     from osserve.engine.process_engine import ProcessEngine
     from osserve.server.app import ServerConfig, create_app
 
-    engine = ProcessEngine(EngineArgs(seed=args.step_ms), engine_main=stepping_engine_main)
+    engine = ProcessEngine.start(EngineArgs(seed=args.step_ms), engine_main=stepping_engine_main)
     app = create_app(engine, engine.tokenizer, ServerConfig(model_name="stepping"))
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=PORT, log_level="warning", loop=args.loop,
                                             http=args.http))
-    profile_client = ["-m", "cProfile", "-o", args.client_profile] if args.client_profile else []
-    load = [sys.executable, *profile_client, "-m", "osserve.bench.serve", "--base-url", f"http://127.0.0.1:{PORT}",
-            "--model", "stepping", "--endpoint", "chat", "--num-requests", str(args.num_requests),
-            "--concurrency", str(args.concurrency), "--max-tokens", str(args.max_tokens), "--ignore-eos"]
+    load = load_command(args, args.client_profile)
     result: dict[str, float] = {}
 
     def drive() -> None:
@@ -128,6 +129,28 @@ def main() -> None:
     if args.client_profile:
         print("the load generator:")
         pstats.Stats(args.client_profile).sort_stats("tottime").print_stats(args.top)
+
+
+def load_command(args: argparse.Namespace, profile_into: str | None = None) -> list[str]:
+    profile_client = ["-m", "cProfile", "-o", profile_into] if profile_into else []
+    return [sys.executable, *profile_client, "-m", "osserve.bench.serve", "--base-url", f"http://127.0.0.1:{PORT}",
+            "--model", "stepping", "--endpoint", "chat", "--num-requests", str(args.num_requests),
+            "--concurrency", str(args.concurrency), "--max-tokens", str(args.max_tokens), "--ignore-eos"]
+
+
+def run_api_servers(args: argparse.Namespace) -> None:
+    """The same load against --api-servers server processes in front of the stepping engine."""
+    from osserve.server.api_servers import ApiServers, ServerSpec
+    from osserve.server.app import ServerConfig
+
+    spec = ServerSpec(ServerConfig(model_name="stepping"), "127.0.0.1", PORT, log_level="warning")
+    with ApiServers(EngineArgs(seed=args.step_ms), args.api_servers, spec, engine_main=stepping_engine_main):
+        t0 = time.perf_counter()
+        subprocess.run(load_command(args), check=True)
+        wall = time.perf_counter() - t0
+    tokens = args.num_requests * args.max_tokens
+    print(f"{args.api_servers} server processes: {tokens / wall:.0f} tok/s delivered "
+          f"(engine offers {args.concurrency * 1000 / args.step_ms:.0f})")
 
 
 if __name__ == "__main__":
