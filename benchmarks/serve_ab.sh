@@ -3,7 +3,9 @@
 # given (repeat one to see the spread): for each, start `osserve serve` with random weights of the
 # real shapes, run the field's workload, stop it. A table of the runs is printed last.
 #   [GPU_UTIL=0.97] [N=2000] bash benchmarks/serve_ab.sh PRESET MAX_TOKENS "SERVER ARGS A" "SERVER ARGS B" ...
-# (carry .whl; an empty string is the default settings)
+# (carry .whl; an empty string is the default settings). Settings that start with @DIR serve that
+# directory's code (e.g. "@.old-tree --api-server-count 2", after `git archive OLD | tar -x -C
+# .old-tree`, carried): a same-machine comparison across commits.
 set -u
 PRESET=$1; MAX_TOKENS=$2; shift 2
 source benchmarks/gpu_env.sh
@@ -14,10 +16,12 @@ run=0
 for server_args in "$@"; do
     run=$((run + 1))
     log="$OUT/server-ab-$PRESET-$run.log"
+    tree=.; settings=$server_args
+    if [[ $server_args == @* ]]; then tree=${server_args%% *}; tree=${tree#@}; settings=${server_args#"@$tree"}; fi
     # shellcheck disable=SC2086  # the settings are words
-    python3 -m osserve.cli serve --load-format dummy --preset "$PRESET" --port 8000 --max-num-seqs 256 \
-        --max-model-len 4096 --max-num-batched-tokens 8192 --gpu-memory-utilization "${GPU_UTIL:-0.90}" \
-        $server_args > "$log" 2>&1 &
+    (cd "$tree" && PYTHONPATH="$PWD:/tmp/site" exec python3 -m osserve.cli serve --load-format dummy \
+        --preset "$PRESET" --port 8000 --max-num-seqs 256 --max-model-len 4096 --max-num-batched-tokens 8192 \
+        --gpu-memory-utilization "${GPU_UTIL:-0.90}" $settings) > "$log" 2>&1 &
     server=$!
     for _ in $(seq 1 300); do
         curl -sf http://127.0.0.1:8000/health >/dev/null && break
