@@ -64,8 +64,9 @@ def build_parser() -> argparse.ArgumentParser:
     srv.add_argument("--engine-process", action=argparse.BooleanOptionalAction, default=None,
                      help="run the engine's step loop in a process of its own, sharing no GIL with the HTTP "
                           "server (default: yes on a GPU, no on a CPU)")
-    srv.add_argument("--api-server-count", type=int, default=1,
-                     help="HTTP server processes in front of the one engine process, sharing the port")
+    srv.add_argument("--api-server-count", type=int, default=None,
+                     help="HTTP server processes in front of the one engine process, sharing the port "
+                          "(default: 2 with the engine in a process of its own, else 1)")
     srv.add_argument("--showcase", action="store_true",
                      help="once up, send the demo model a question and a tool round trip, and print them")
 

@@ -123,16 +123,22 @@ class AsyncEngine:
             deliver(self._queues, failed)
 
 
+def engine_in_own_process(args) -> bool:  # type: ignore[no-untyped-def]
+    """--engine-process, by default on a GPU: there the host is the bottleneck, so the engine gets
+    a GIL of its own."""
+    from osserve.engine.load import resolve_device
+
+    chosen: bool | None = getattr(args, "engine_process", None)
+    return resolve_device(args.device).type == "cuda" if chosen is None else chosen
+
+
 def build_async_engine(args) -> EngineClient:  # type: ignore[no-untyped-def]
     """For `osserve serve`: the engine from the CLI flags, its step loop in a thread or (with
     --engine-process, the default on a GPU) in a process of its own (engine/process_engine.py)."""
-    from osserve.engine.load import EngineArgs, build_engine, resolve_device
+    from osserve.engine.load import EngineArgs, build_engine
 
     engine_args = EngineArgs.from_namespace(args)
-    in_process = getattr(args, "engine_process", None)
-    if in_process is None:  # on a GPU the host is the bottleneck: give the engine its own GIL
-        in_process = resolve_device(engine_args.device).type == "cuda"
-    if in_process:
+    if engine_in_own_process(args):
         from osserve.engine.process_engine import ProcessEngine
 
         return ProcessEngine.start(engine_args, max_waiting=getattr(args, "max_waiting", None))

@@ -175,8 +175,8 @@ class ApiServers:
         self.stop()
 
 
-def run_api_servers(args: argparse.Namespace, config: ServerConfig, announce: Callable[[], None]) -> int:
-    """`osserve serve --api-server-count N` (N > 1) until SIGINT / SIGTERM or a process's exit."""
+def run_api_servers(args: argparse.Namespace, count: int, config: ServerConfig, announce: Callable[[], None]) -> int:
+    """`osserve serve` with `count` (> 1) HTTP processes, until SIGINT / SIGTERM or a process's exit."""
     from osserve.engine.load import EngineArgs
 
     if args.engine_process is False:
@@ -187,8 +187,8 @@ def run_api_servers(args: argparse.Namespace, config: ServerConfig, announce: Ca
 
     signal.signal(signal.SIGTERM, interrupt)
     spec = ServerSpec(config, args.host, args.port, args.max_waiting)
-    with ApiServers(EngineArgs.from_namespace(args), args.api_server_count, spec) as servers:
-        log.info("%d HTTP server processes in front of one engine process", args.api_server_count)
+    with ApiServers(EngineArgs.from_namespace(args), count, spec) as servers:
+        log.info("%d HTTP server processes in front of one engine process", count)
         announce()
         try:
             return servers.wait()

@@ -106,17 +106,20 @@ def create_app(engine: EngineClient, tokenizer: Tokenizer, config: ServerConfig)
 def run_server(args: argparse.Namespace) -> int:
     import uvicorn
 
-    from osserve.engine.async_engine import build_async_engine
+    from osserve.engine.async_engine import build_async_engine, engine_in_own_process
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     name = args.served_model_name or (args.model.rstrip("/").split("/")[-1] if args.model else
                                       f"gpt-oss-{args.preset}" if args.preset else "osserve-builtin")
     config = ServerConfig(model_name=name, api_key=args.api_key)
-    if args.api_server_count > 1:
+    count = args.api_server_count
+    if count is None:  # on a GPU one HTTP process falls behind the engine (BENCHMARKS.md, twentieth session)
+        count = 2 if engine_in_own_process(args) else 1
+    if count > 1:
         from osserve.server.api_servers import run_api_servers
 
-        return run_api_servers(args, config, lambda: _announce(args, name))
-    if args.api_server_count < 1:
+        return run_api_servers(args, count, config, lambda: _announce(args, name))
+    if count < 1:
         raise ConfigError("--api-server-count must be at least 1", "api_server_count")
     engine = build_async_engine(args)
     app = create_app(engine, engine.tokenizer, config)

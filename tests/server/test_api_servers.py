@@ -132,3 +132,34 @@ def test_the_response_store_evicts_the_least_recently_used_and_is_shared_through
     assert other.get("a") == StoredResponse({"id": "a"})  # seen from the other; "a" is now the most recent
     other.put("d", StoredResponse({"id": "d"}))
     assert one.get("b") is None and [one.get(r) is not None for r in "acd"] == [True] * 3 and len(one) == 3
+
+
+def test_the_command_serves_through_two_processes_and_stops_on_sigterm() -> None:
+    """`osserve serve --api-server-count 2` on the built-in model: answers, then SIGTERM stops the
+    supervisor, its servers and the engine (no process left holding the port)."""
+    import signal
+    import subprocess
+    import sys
+
+    port = free_port()
+    cmd = [sys.executable, "-m", "osserve.cli", "serve", "--device", "cpu", "--port", str(port),
+           "--api-server-count", "2", "--max-model-len", "1024"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and proc.poll() is None:
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                time.sleep(0.2)
+        question = {**QUESTION, "model": "osserve-builtin", "max_tokens": 8}
+        assert post(f"http://127.0.0.1:{port}/v1/chat/completions", question).status_code == 200
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, out
+    assert "2 HTTP server processes" in out
+    with pytest.raises(httpx.ConnectError):
+        httpx.get(f"http://127.0.0.1:{port}/health", timeout=1)
