@@ -7,3 +7,11 @@ export PYTHONPATH="$PWD:/tmp/site"
 export PYTHONUNBUFFERED=1
 export OSSERVE_CACHE_DIR=/tmp/osserve-cache
 osserve() { python3 -m osserve.cli "$@"; }
+# wait_for_server PID LOG: until the server on :8000 answers /health (exits the script if it dies first)
+wait_for_server() {
+    for _ in $(seq 1 300); do
+        curl -sf http://127.0.0.1:8000/health >/dev/null && return 0
+        kill -0 "$1" 2>/dev/null || { echo "server died"; tail -30 "$2"; exit 1; }
+        sleep 1
+    done
+}

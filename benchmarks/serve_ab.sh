@@ -23,11 +23,7 @@ for server_args in "$@"; do
         --preset "$PRESET" --port 8000 --max-num-seqs 256 --max-model-len 4096 --max-num-batched-tokens 8192 \
         --gpu-memory-utilization "${GPU_UTIL:-0.90}" $settings) > "$log" 2>&1 &
     server=$!
-    for _ in $(seq 1 300); do
-        curl -sf http://127.0.0.1:8000/health >/dev/null && break
-        kill -0 $server 2>/dev/null || { echo "server died"; tail -30 "$log"; exit 1; }
-        sleep 1
-    done
+    wait_for_server $server "$log"
     result=$(python3 -m osserve.bench.serve --base-url http://127.0.0.1:8000 --model "gpt-oss-$PRESET" \
         --endpoint chat --num-requests "${N:-2000}" --concurrency 256 --max-tokens "$MAX_TOKENS" --ignore-eos \
         --timeout 330 --prompt "Explain quantum mechanics in one paragraph." \

@@ -13,11 +13,7 @@ OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
     --max-model-len 4096 --max-num-batched-tokens 8192 --gpu-memory-utilization "${GPU_UTIL:-0.90}" \
     ${SERVER_ARGS:-}) > "$OUT/server-$PRESET${TAG:-}.log" 2>&1 &
 SERVER=$!
-for _ in $(seq 1 300); do
-    curl -sf http://127.0.0.1:8000/health >/dev/null && break
-    kill -0 $SERVER 2>/dev/null || { echo "server died"; tail -30 "$OUT/server-$PRESET${TAG:-}.log"; exit 1; }
-    sleep 1
-done
+wait_for_server $SERVER "$OUT/server-$PRESET${TAG:-}.log"
 grep -i "memory plan" "$OUT/server-$PRESET${TAG:-}.log" | tail -1
 # CPU per process while the load runs (is the HTTP process, the engine or the load generator saturated?)
 (sleep 20; top -b -d 5 -n 3 -w 200 | grep -E "python|PID" > "$OUT/top-$PRESET${TAG:-}.txt") &
