@@ -84,7 +84,7 @@ def main() -> None:
                     help="above 1: that many server processes (server/api_servers.py), not profiled")
     args = ap.parse_args()
     if args.api_servers > 1:
-        run_api_servers(args)
+        load_api_servers(args)
         return
 
     import uvicorn
@@ -138,7 +138,7 @@ def load_command(args: argparse.Namespace, profile_into: str | None = None) -> l
             "--concurrency", str(args.concurrency), "--max-tokens", str(args.max_tokens), "--ignore-eos"]
 
 
-def run_api_servers(args: argparse.Namespace) -> None:
+def load_api_servers(args: argparse.Namespace) -> None:
     """The same load against --api-servers server processes in front of the stepping engine."""
     from osserve.server.api_servers import ApiServers, ServerSpec
     from osserve.server.app import ServerConfig

@@ -115,12 +115,12 @@ def run_server(args: argparse.Namespace) -> int:
     count = args.api_server_count
     if count is None:  # on a GPU one HTTP process falls behind the engine (BENCHMARKS.md, twentieth session)
         count = 2 if engine_in_own_process(args) else 1
+    if count < 1:
+        raise ConfigError("--api-server-count must be at least 1", "api_server_count")
     if count > 1:
         from osserve.server.api_servers import run_api_servers
 
         return run_api_servers(args, count, config, lambda: _announce(args, name))
-    if count < 1:
-        raise ConfigError("--api-server-count must be at least 1", "api_server_count")
     engine = build_async_engine(args)
     app = create_app(engine, engine.tokenizer, config)
     _announce(args, name)
