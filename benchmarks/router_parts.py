@@ -17,7 +17,9 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-VARIANTS = ("router-fixed-plan", "router-fixed-ids")
+from osserve.ops.router_triton import topk_softmax_rows
+
+VARIANTS = ("router-fixed-plan", "router-fixed-ids", "router-topk-then-fixed-ids")
 
 
 @triton.jit
@@ -47,6 +49,20 @@ def _fixed_ids(logits, b_ptr, alive, rows, row_ok, cols, col_ok, x_ptr, out_w_pt
     tl.store(out_ids_ptr + out, ids, mask=row_ok[:, None])
 
 
+@triton.jit
+def _topk_then_fixed_ids(logits, b_ptr, alive, rows, row_ok, cols, col_ok, x_ptr, out_w_ptr, out_ids_ptr,
+                         K: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_E: tl.constexpr):  # noqa: ANN001
+    """The real bias + top-k + softmax, then ids 0..K-1 stored over its ids: the top-k's cost kept,
+    the experts read fixed."""
+    bias = tl.load(b_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)
+    logits = (logits + bias[None, :]).to(x_ptr.dtype.element_ty).to(tl.float32)
+    topk_softmax_rows(logits, alive, rows, row_ok, cols, out_w_ptr, out_ids_ptr, K, BLOCK_T, BLOCK_E)
+    tl.debug_barrier()
+    ks = tl.arange(0, K)[None, :]
+    out = rows.to(tl.int64)[:, None] * K + ks
+    tl.store(out_ids_ptr + out, tl.zeros([BLOCK_T, K], dtype=tl.int64) + ks, mask=row_ok[:, None])
+
+
 def apply(variant: str) -> None:
     """Swap the router part `variant` names (VARIANTS) before the router first compiles."""
     import osserve.ops.router_gemm_triton as router
@@ -54,5 +70,7 @@ def apply(variant: str) -> None:
     assert variant in VARIANTS, variant
     if variant == "router-fixed-plan":
         router.build_plan = _fixed_plan
-    else:
+    elif variant == "router-fixed-ids":
         router._bias_topk_softmax = _fixed_ids
+    else:
+        router._bias_topk_softmax = _topk_then_fixed_ids

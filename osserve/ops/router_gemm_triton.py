@@ -15,7 +15,9 @@ to 0 for the next call. The counters must therefore start at zero and persist ac
 `router.router_counters` makes them; the model keeps one set per MLP (a non-persistent buffer),
 so inside a CUDA graph the fused router is a single node. The last program reads all the
 partials at once (the split count is a compile-time constant, the loads unrolled): one round
-trip to L2 instead of one per split.
+trip to L2 instead of one per split. It reads only its block's real rows (FINISH_T, a power of
+two): with all 16 rows of 128 experts from 23 splits in flight its registers spilled, and that
+program alone cost the 120b ~50 µs a batch-1 step (BENCHMARKS.md, twenty-first session).
 
 When the batch is one token block (T <= BLOCK_T, decode), that last program also builds the
 MoE's routing plan (moe_align.build_plan) from the ids it just wrote: one launch fewer per layer.
@@ -88,7 +90,7 @@ def _router_gemm_topk_kernel(
     BLOCK_H: tl.constexpr, SPLITS: tl.constexpr, DOT_PRECISION: tl.constexpr,
     PLAN: tl.constexpr, PLAN_BLOCK_M: tl.constexpr, E_P2: tl.constexpr, CHUNK: tl.constexpr,
     NORM: tl.constexpr, NORM_ROWS: tl.constexpr, PARTS: tl.constexpr, BLOCK_ROW: tl.constexpr,
-    PDL: tl.constexpr, PREFETCH_LINES: tl.constexpr,
+    PDL: tl.constexpr, PREFETCH_LINES: tl.constexpr, FINISH_T: tl.constexpr,
 ):  # noqa: ANN001
     pid_t = tl.program_id(0)
     pid_s = tl.program_id(1)
@@ -150,15 +152,20 @@ def _router_gemm_topk_kernel(
         tl.debug_barrier()  # every thread's partial is written before the counter moves
         done = tl.atomic_add(cnt_ptr + pid_t, 1, sem="acq_rel")
         if done == SPLITS - 1:
-            logits = tl.zeros([BLOCK_T, BLOCK_E], dtype=tl.float32)
+            # FINISH_T rows: the block's real ones, rounded up to a power of two (decode: 1-4).
+            # Every split's tile is loaded at once, so at 128 experts and 16 rows the registers ran out.
+            f_rows = pid_t * BLOCK_T + tl.arange(0, FINISH_T)
+            f_ok = f_rows < num_tokens
+            f_alive = f_ok[:, None] & col_ok[None, :]
+            logits = tl.zeros([FINISH_T, BLOCK_E], dtype=tl.float32)
             for s in tl.static_range(SPLITS):  # unrolled, loads issued together; fixed order: deterministic
-                tile = (s * part_rows + rows)[:, None] * BLOCK_E + cols[None, :]
+                f_tile = (s * part_rows + f_rows)[:, None] * BLOCK_E + cols[None, :]
                 # .cg: read from L2, where the other SMs' partials are, never a stale L1 line.
-                logits += tl.load(part_ptr + tile, mask=alive, other=0.0, cache_modifier=".cg")
+                logits += tl.load(part_ptr + f_tile, mask=f_alive, other=0.0, cache_modifier=".cg")
             tl.atomic_xchg(cnt_ptr + pid_t, 0)  # ready for the next call
-            _finish(logits, b_ptr, alive, rows, row_ok, cols, col_ok, x_ptr, out_w_ptr, out_ids_ptr,
+            _finish(logits, b_ptr, f_alive, f_rows, f_ok, cols, col_ok, x_ptr, out_w_ptr, out_ids_ptr,
                     sorted_ptr, block_expert_ptr, num_padded_ptr, num_tokens, max_padded, max_blocks,
-                    K, BLOCK_T, BLOCK_E, PLAN, PLAN_BLOCK_M, E_P2, CHUNK)
+                    K, FINISH_T, BLOCK_E, PLAN, PLAN_BLOCK_M, E_P2, CHUNK)
     else:
         _finish(acc, b_ptr, alive, rows, row_ok, cols, col_ok, x_ptr, out_w_ptr, out_ids_ptr,
                 sorted_ptr, block_expert_ptr, num_padded_ptr, num_tokens, max_padded, max_blocks,
@@ -339,6 +346,7 @@ def _launch(
         PARTS=norm.a.shape[0] if norm is not None and norm.a.dim() == 4 else 1,
         BLOCK_ROW=triton.next_power_of_2(h) if norm is not None else 16, PDL=pdl,
         PREFETCH_LINES=triton.next_power_of_2(prefetch) if prefetch else 0,
+        FINISH_T=BLOCK_T if token_blocks > 1 else triton.next_power_of_2(t),
         num_warps=4, launch_pdl=pdl,
     )
     return weights, ids, plan

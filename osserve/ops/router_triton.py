@@ -20,22 +20,34 @@ import triton.language as tl
 def topk_softmax_rows(vals, alive, rows, row_ok, cols, w_ptr, ids_ptr, K: tl.constexpr,
                       BLOCK_T: tl.constexpr, BLOCK_E: tl.constexpr):  # noqa: ANN001
     """Top-K of each row of vals [BLOCK_T, BLOCK_E] (fp32; `alive` marks real entries), softmax
-    over those K, stored at rows of w_ptr / ids_ptr [T, K]. Shared with the fused router GEMM."""
-    # K rounds of arg-max. `alive` (not a -inf overwrite) marks what is left, so genuine -inf
-    # logits are still picked once each, lowest index first, never twice.
-    top = tl.max(tl.where(alive, vals, float("-inf")), axis=1)  # round 0's max: the softmax shift
-    top = tl.where(top == float("-inf"), 0.0, top)  # padding rows: avoid -inf - -inf = NaN
+    over those K, stored at rows of w_ptr / ids_ptr [T, K]. Shared with the fused router GEMM.
+
+    Each entry becomes one int64 key: its value's bits, made to order as a signed integer, above
+    BLOCK_E - 1 - its column. So one max reduction a round finds the largest value and, among
+    equal values, the lowest column, and the key found is struck out: K reductions, where a
+    value's max and then its lowest column took 2K + 1 (the router's last program at decode:
+    1.2 µs a layer at 120b, BENCHMARKS.md twenty-first session). Genuine -inf logits are still
+    picked once each, above the padding."""
+    vals = tl.where(vals == 0.0, 0.0, vals)  # -0.0 orders below +0.0 as bits; they are one value
+    bits = vals.to(tl.int32, bitcast=True)
+    ordered = bits ^ ((bits >> 31) & 0x7FFFFFFF)  # negative floats: the other bits flipped
+    low = (BLOCK_E - 1 - cols).to(tl.int64)
+    key = tl.where(alive, (ordered.to(tl.int64) << 32) | low[None, :], -(2**63))
     ks = tl.arange(0, K)[None, :]
     w = tl.zeros([BLOCK_T, K], dtype=tl.float32)
     ids = tl.zeros([BLOCK_T, K], dtype=tl.int64)
+    top = tl.zeros([BLOCK_T], dtype=tl.float32)
     for i in tl.static_range(K):
-        m = tl.max(tl.where(alive, vals, float("-inf")), axis=1)  # [BLOCK_T]
-        hit = alive & (vals == m[:, None])
-        idx = tl.min(tl.where(hit, cols[None, :], BLOCK_E), axis=1)  # lowest index among ties
-        alive = alive & (cols[None, :] != idx[:, None])
+        best = tl.max(key, axis=1)  # [BLOCK_T]
+        key = tl.where(key == best[:, None], -(2**63), key)
+        high = (best >> 32).to(tl.int32)
+        m = (high ^ ((high >> 31) & 0x7FFFFFFF)).to(tl.float32, bitcast=True)
+        m = tl.where(best == -(2**63), float("-inf"), m)  # padding rows: nothing alive
+        if i == 0:  # the row's max: the softmax shift (padding rows: 0, so that -inf - -inf is never taken)
+            top = tl.where(m == float("-inf"), 0.0, m)
         # m <= top, so exp never overflows; round 0 gives exactly 1.
         w = tl.where(ks == i, tl.exp(m - top)[:, None], w)
-        ids = tl.where(ks == i, idx.to(tl.int64)[:, None], ids)
+        ids = tl.where(ks == i, (BLOCK_E - 1 - (best & 0xFFFFFFFF))[:, None], ids)
     denom = tl.sum(w, axis=1)
     w = w / tl.where(denom > 0, denom, 1.0)[:, None]  # 0 only on padding rows
     out = rows.to(tl.int64)[:, None] * K + ks

@@ -178,3 +178,13 @@ def test_router_ties_and_infinities() -> None:
     assert ids.tolist() == [[1, 2, 4, 7], [6, 0, 1, 2]]
     assert torch.allclose(weights[0], torch.full((4,), 0.25))
     assert weights[1].tolist() == [1.0, 0.0, 0.0, 0.0]
+
+
+def test_router_zero_ties_and_negative_order() -> None:
+    """-0.0 and +0.0 are one value (lower index first), and negatives order by value, not by bits."""
+    logits = torch.tensor([[-2.0, -0.0, -0.5, 0.0, -3.0, -0.25, -1.0, -4.0],
+                           [-1e-30, -7.0, -1e30, -6.5, -7.5, -6.0, -8.0, -2e-30]])
+    weights, ids = topk_softmax_triton(logits, 4)
+    assert ids.tolist() == [[1, 3, 5, 2], [0, 7, 5, 3]]
+    ref = torch.softmax(logits.gather(1, ids), dim=-1)
+    assert torch.allclose(weights, ref)
