@@ -16,8 +16,9 @@ to 0 for the next call. The counters must therefore start at zero and persist ac
 so inside a CUDA graph the fused router is a single node. The last program reads all the
 partials at once (the split count is a compile-time constant, the loads unrolled): one round
 trip to L2 instead of one per split. It reads only its block's real rows (FINISH_T, a power of
-two): with all 16 rows of 128 experts from 23 splits in flight its registers spilled, and that
-program alone cost the 120b ~50 µs a batch-1 step (BENCHMARKS.md, twenty-first session).
+two): with all 16 rows of 128 experts from 23 splits in flight its registers spilled. With the
+packed-key top-k (router_triton.topk_softmax_rows) that took 88 µs off the 120b's batch-1 step
+(BENCHMARKS.md, twenty-first session).
 
 When the batch is one token block (T <= BLOCK_T, decode), that last program also builds the
 MoE's routing plan (moe_align.build_plan) from the ids it just wrote: one launch fewer per layer.
