@@ -89,6 +89,31 @@ def build_plan(
         running += tl.sum(onehot, axis=0)
 
 
+@triton.jit
+def build_plan_one_token(
+    ids_ptr,  # [K] the token's expert ids: distinct (a top-k)
+    sorted_ptr,  # [K * BLOCK_M] int32 out
+    block_expert_ptr,  # [K] int32 out
+    num_padded_ptr,  # [1] int32 out
+    K: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+):
+    """build_plan for one token (M = K slots), for which max_padded is K * BLOCK_M and max_blocks K.
+    Its experts are distinct, so each slot is alone in a tile of its own, the tiles in expert order:
+    no histogram over the experts and no scatter. In the fused router's last program at 128 experts
+    this took 53 µs off the 120b's batch-1 step (2.618 -> 2.565 ms; BENCHMARKS.md, twenty-first
+    session)."""
+    slots = tl.arange(0, K)
+    ids = tl.load(ids_ptr + slots)
+    tile = tl.sum((ids[None, :] < ids[:, None]).to(tl.int32), axis=1)  # experts below the slot's own
+    tl.store(block_expert_ptr + tile, ids.to(tl.int32))
+    rows = tl.arange(0, K * BLOCK_M)
+    first = tile[None, :] * BLOCK_M == rows[:, None]  # [K * BLOCK_M, K]: slot j heads row r's tile
+    # The slot at each row, else the sentinel M (= K): the hit's slot - K, plus K.
+    tl.store(sorted_ptr + rows, tl.sum(tl.where(first, slots[None, :] - K, 0), axis=1) + K)
+    tl.store(num_padded_ptr, K * BLOCK_M)
+
+
 @triton.jit(do_not_specialize=["M", "max_padded", "max_blocks"])  # per-step sizes: no recompiles
 def _align_kernel(
     ids_ptr, sorted_ptr, block_expert_ptr, num_padded_ptr, M, max_padded, max_blocks,  # noqa: ANN001

@@ -46,7 +46,7 @@ import torch
 import triton
 import triton.language as tl
 
-from osserve.ops.moe_align import PlanShape, RoutingPlan, build_plan, empty_plan
+from osserve.ops.moe_align import PlanShape, RoutingPlan, build_plan, build_plan_one_token, empty_plan
 from osserve.ops.norm_triton import add_parts, row_rstd
 from osserve.ops.pdl import pdl_enter, pdl_launch, prefetch_before_wait, prefetch_rows
 from osserve.ops.router import FUSED_MAX_TOKENS, router_counters
@@ -204,8 +204,11 @@ def _finish(logits, b_ptr, alive, rows, row_ok, cols, col_ok, x_ptr, out_w_ptr, 
                        K, BLOCK_T, BLOCK_E)
     if PLAN:  # one token block: this program holds every id
         tl.debug_barrier()  # the ids just stored are visible to the whole program
-        build_plan(out_ids_ptr, sorted_ptr, block_expert_ptr, num_padded_ptr, num_tokens * K, max_padded,
-                   max_blocks, PLAN_BLOCK_M, E_P2, CHUNK)
+        if BLOCK_T == 1:  # FINISH_T: one token (batch-1 decode)
+            build_plan_one_token(out_ids_ptr, sorted_ptr, block_expert_ptr, num_padded_ptr, K, PLAN_BLOCK_M)
+        else:
+            build_plan(out_ids_ptr, sorted_ptr, block_expert_ptr, num_padded_ptr, num_tokens * K, max_padded,
+                       max_blocks, PLAN_BLOCK_M, E_P2, CHUNK)
 
 
 @triton.jit

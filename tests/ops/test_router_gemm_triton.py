@@ -76,7 +76,7 @@ def plan_rows(plan) -> tuple[list[int], list[int], int]:  # noqa: ANN001
 
 
 @pytest.mark.parametrize("t", [1, 3, 16])
-@pytest.mark.parametrize(("e", "split", "block_m"), [(8, None, 16), (32, 3, 16), (32, 1, 4)])
+@pytest.mark.parametrize(("e", "split", "block_m"), [(8, None, 16), (32, 3, 16), (32, 1, 4), (128, 5, 8)])
 def test_router_builds_the_routing_plan(t: int, e: int, split: int | None, block_m: int) -> None:
     """At one token block the router's last program also builds the MoE's routing plan: the same
     plan align_tokens builds from the same ids, with or without an H split."""
@@ -89,6 +89,7 @@ def test_router_builds_the_routing_plan(t: int, e: int, split: int | None, block
     assert plan.block_m == block_m and plan.max_blocks == expected.max_blocks
     assert plan.sorted_slots.shape == expected.sorted_slots.shape
     assert plan_rows(plan) == plan_rows(expected)
+    assert torch.equal(plan.sorted_slots, expected.sorted_slots)  # the padding past num_padded too
 
 
 @pytest.mark.parametrize("t", [1, 3, 4])
