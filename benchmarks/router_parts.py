@@ -17,7 +17,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from osserve.ops.router_triton import topk_softmax_rows
+# The router's own part, bound here before apply() swaps the router's name for a variant.
+from osserve.ops.router_gemm_triton import _bias_topk_softmax as _real_bias_topk_softmax
 
 VARIANTS = ("router-fixed-plan", "router-fixed-ids", "router-topk-then-fixed-ids")
 
@@ -54,9 +55,8 @@ def _topk_then_fixed_ids(logits, b_ptr, alive, rows, row_ok, cols, col_ok, x_ptr
                          K: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_E: tl.constexpr):  # noqa: ANN001
     """The real bias + top-k + softmax, then ids 0..K-1 stored over its ids: the top-k's cost kept,
     the experts read fixed."""
-    bias = tl.load(b_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)
-    logits = (logits + bias[None, :]).to(x_ptr.dtype.element_ty).to(tl.float32)
-    topk_softmax_rows(logits, alive, rows, row_ok, cols, out_w_ptr, out_ids_ptr, K, BLOCK_T, BLOCK_E)
+    _real_bias_topk_softmax(logits, b_ptr, alive, rows, row_ok, cols, col_ok, x_ptr, out_w_ptr, out_ids_ptr,
+                            K, BLOCK_T, BLOCK_E)
     tl.debug_barrier()
     ks = tl.arange(0, K)[None, :]
     out = rows.to(tl.int64)[:, None] * K + ks

@@ -17,6 +17,13 @@ import triton.language as tl
 
 
 @triton.jit
+def _signed_order(bits):  # noqa: ANN001, ANN201
+    """A float32's bits as an int32 that orders as the floats do (negatives: the other bits flipped).
+    Its own inverse."""
+    return bits ^ ((bits >> 31) & 0x7FFFFFFF)
+
+
+@triton.jit
 def topk_softmax_rows(vals, alive, rows, row_ok, cols, w_ptr, ids_ptr, K: tl.constexpr,
                       BLOCK_T: tl.constexpr, BLOCK_E: tl.constexpr):  # noqa: ANN001
     """Top-K of each row of vals [BLOCK_T, BLOCK_E] (fp32; `alive` marks real entries), softmax
@@ -29,8 +36,7 @@ def topk_softmax_rows(vals, alive, rows, row_ok, cols, w_ptr, ids_ptr, K: tl.con
     at 120b, the top-k, bias and softmax were ~44 µs of a batch-1 step). Genuine -inf logits are
     still picked once each, above the padding."""
     vals = tl.where(vals == 0.0, 0.0, vals)  # -0.0 orders below +0.0 as bits; they are one value
-    bits = vals.to(tl.int32, bitcast=True)
-    ordered = bits ^ ((bits >> 31) & 0x7FFFFFFF)  # negative floats: the other bits flipped
+    ordered = _signed_order(vals.to(tl.int32, bitcast=True))
     low = (BLOCK_E - 1 - cols).to(tl.int64)
     key = tl.where(alive, (ordered.to(tl.int64) << 32) | low[None, :], -(2**63))
     ks = tl.arange(0, K)[None, :]
@@ -40,8 +46,7 @@ def topk_softmax_rows(vals, alive, rows, row_ok, cols, w_ptr, ids_ptr, K: tl.con
     for i in tl.static_range(K):
         best = tl.max(key, axis=1)  # [BLOCK_T]
         key = tl.where(key == best[:, None], -(2**63), key)
-        high = (best >> 32).to(tl.int32)
-        m = (high ^ ((high >> 31) & 0x7FFFFFFF)).to(tl.float32, bitcast=True)
+        m = _signed_order((best >> 32).to(tl.int32)).to(tl.float32, bitcast=True)
         m = tl.where(best == -(2**63), float("-inf"), m)  # padding rows: nothing alive
         if i == 0:  # the row's max: the softmax shift (padding rows: 0, so that -inf - -inf is never taken)
             top = tl.where(m == float("-inf"), 0.0, m)
