@@ -12,7 +12,8 @@ of them. Here the projection's epilogue does both of their jobs:
   among equals: torch.argmax's index.
 The second launch can also write the ids straight into pinned host memory (HostIds), where the
 engine reads them once the step is done: no copy to the host after the step.
-NaN logits are not supported (as in the router's top-k).
+NaN logits give torch.argmax's answer, the first NaN: a model that produced them still yields an
+id inside the vocabulary (the next decode graph's embedding gather reads it on the device).
 """
 
 from __future__ import annotations
@@ -70,6 +71,10 @@ def _logits_kernel(
     vals = tl.where(ok, logits, float("-inf"))
     best = tl.max(vals, axis=0)  # [BLOCK_M]
     first = tl.min(tl.where(vals == best[None, :], rn[:, None], NO_ROW), axis=0)
+    # torch.argmax takes a NaN as the largest value: the block's first NaN, if any, stands as its best.
+    first_nan = tl.min(tl.where(vals != vals, rn[:, None], NO_ROW), axis=0)
+    best = tl.where(first_nan < NO_ROW, float("nan"), best)
+    first = tl.where(first_nan < NO_ROW, first_nan, first)
     tl.store(best_val_ptr + rm * num_blocks + pid, best, mask=m_ok)
     tl.store(best_row_ptr + rm * num_blocks + pid, first, mask=m_ok)
 
@@ -84,8 +89,11 @@ def _argmax_partials_kernel(best_val_ptr, best_row_ptr, out_ptr, num_blocks, hos
     vals = tl.load(best_val_ptr + row * num_blocks + b, mask=ok, other=float("-inf"))
     rows = tl.load(best_row_ptr + row * num_blocks + b, mask=ok, other=NO_ROW)
     best = tl.max(vals, axis=0)
-    # Blocks are in row order, so the smallest row among the best blocks is the first overall.
-    chosen = tl.min(tl.where(ok & (vals == best), rows, NO_ROW), axis=0).to(tl.int64)
+    # Blocks are in row order, so the smallest row among the best blocks is the first overall;
+    # a block's best is NaN where it holds one, and then the first such block's row wins.
+    chosen = tl.min(tl.where(ok & (vals == best), rows, NO_ROW), axis=0)
+    first_nan = tl.min(tl.where(ok & (vals != vals), rows, NO_ROW), axis=0)
+    chosen = tl.where(first_nan < NO_ROW, first_nan, chosen).to(tl.int64)
     tl.store(out_ptr + row, chosen)
     if TO_HOST:
         tl.store(host_ptr + tl.load(slot_ptr).to(tl.int64) * host_stride + row, chosen)

@@ -320,6 +320,25 @@ def test_add_norm_route_with_plan_gpu(t: int, e: int, splits: int) -> None:
         assert torch.equal(x, ref_x)
 
 
+def test_logits_and_greedy_with_nan_on_the_real_vocab() -> None:
+    """NaN logits on the GPU (head_triton.py): as torch.argmax, the first NaN wins, even where a
+    larger number comes first (token 0: NaN at rows 7,000 and 150,000, 10.0 at row 5), and an all-NaN
+    row gives 0 (token 1), never an id past the vocabulary."""
+    from osserve.ops.head_triton import logits_and_greedy_triton
+    from osserve.ops.linear_triton import DEFAULT_CONFIG
+
+    g = torch.Generator(device="cuda").manual_seed(0)
+    x = torch.randn(2, HIDDEN, device="cuda", generator=g).bfloat16()
+    w = (torch.randn(201088, HIDDEN, device="cuda", generator=g) / HIDDEN**0.5).bfloat16()
+    w[5] = (x[0].float() * (10.0 / x[0].float().pow(2).sum())).bfloat16()
+    w[7000, 0] = w[150_000, 0] = float("nan")
+    x[1, 0] = float("nan")
+    for config in (None, DEFAULT_CONFIG):  # one token's config, and the other
+        logits, greedy = logits_and_greedy_triton(x, w, config)
+        assert greedy.tolist() == [7000, 0]
+        assert torch.equal(greedy, logits.argmax(-1))
+
+
 @pytest.mark.parametrize("t", [1, 3, 32])
 def test_qkv_rope_cache_gpu(t: int) -> None:
     """Projection + RoPE + KV-cache write in one kernel against the two kernels it replaces

@@ -46,6 +46,24 @@ def test_ties_go_to_the_first_row() -> None:
     assert logits_and_greedy_triton(x, w)[1].tolist() == [20]
 
 
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")  # the interpreter's numpy on NaN rows
+def test_nan_logits_choose_the_first_nan_as_torch_argmax() -> None:
+    """A NaN counts as the largest logit (torch.argmax). Rows 20 and 37 hold an inf, which gives a
+    NaN against a 0 and -inf against -1. Token 0: its first NaN, row 20, in a later block than its
+    largest number (row 3); token 1: all NaN (row 0); token 2: no NaN, -inf at rows 20 and 37 (row
+    44). Blocks of 16 rows."""
+    k, n = 32, 45
+    w = torch.zeros(n, k)
+    w[3, 0], w[20, 5], w[37, 5], w[44, 2] = 9.0, float("inf"), float("inf"), 5.0
+    x = torch.eye(3, k)
+    x[1] = float("nan")
+    x[2, 5] = -1.0
+    logits, greedy = logits_and_greedy_triton(x, w, SMALL)
+    assert logits[0, 20].isnan() and logits[2, 20] == float("-inf")
+    assert greedy.tolist() == [20, 0, 44]
+    assert torch.equal(greedy, logits.argmax(-1))
+
+
 def test_ids_into_given_buffers_and_a_row_of_the_host_ring() -> None:
     """greedy_out receives the ids; host_out's ring gets them in the row its slot names, and its
     other row is left as it was."""
