@@ -7,7 +7,8 @@ The swap replaces names in router_gemm_triton's globals, which Triton resolves w
 compiles the kernel: apply() must run before the router's first launch in the process (one
 variant per process).
 
-- router-fixed-plan: build_plan -> stores of the plan of ids 0..k-1 (no loads, no reductions);
+- router-fixed-plan: build_plan -> stores of the plan of ids 0..k-1 (no loads, no reductions); above
+  one token only (one token's plan is a few stores already, moe_align.plan_one_token);
 - router-fixed-ids: the top-k + softmax -> stores of ids 0..k-1 (the logits still reduced once, so
   the GEMM stays live); the plan built from them as usual.
 """
@@ -38,8 +39,8 @@ def _fixed_plan(ids_ptr, sorted_ptr, block_expert_ptr, num_padded_ptr, M, max_pa
 
 
 @triton.jit
-def _fixed_ids(logits, b_ptr, alive, rows, row_ok, cols, col_ok, x_ptr, out_w_ptr, out_ids_ptr,
-               K: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_E: tl.constexpr):  # noqa: ANN001
+def _fixed_ids(logits, bias, alive, rows, row_ok, cols, col_ok, x_ptr, out_w_ptr, out_ids_ptr,
+               K: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_E: tl.constexpr):  # noqa: ANN001, ANN201
     """Ids 0..K-1 and weights 1/K for every row; one reduction of the logits keeps them live."""
     ks = tl.arange(0, K)[None, :]
     live = tl.max(tl.where(alive, logits, float("-inf")), axis=1)
@@ -48,19 +49,22 @@ def _fixed_ids(logits, b_ptr, alive, rows, row_ok, cols, col_ok, x_ptr, out_w_pt
     tl.store(out_w_ptr + out, tl.full([BLOCK_T, K], 1.0 / K, tl.float32).to(out_w_ptr.dtype.element_ty),
              mask=row_ok[:, None])
     tl.store(out_ids_ptr + out, ids, mask=row_ok[:, None])
+    return ids
 
 
 @triton.jit
-def _topk_then_fixed_ids(logits, b_ptr, alive, rows, row_ok, cols, col_ok, x_ptr, out_w_ptr, out_ids_ptr,
-                         K: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_E: tl.constexpr):  # noqa: ANN001
+def _topk_then_fixed_ids(logits, bias, alive, rows, row_ok, cols, col_ok, x_ptr, out_w_ptr, out_ids_ptr,
+                         K: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_E: tl.constexpr):  # noqa: ANN001, ANN201
     """The real bias + top-k + softmax, then ids 0..K-1 stored over its ids: the top-k's cost kept,
     the experts read fixed."""
-    _real_bias_topk_softmax(logits, b_ptr, alive, rows, row_ok, cols, col_ok, x_ptr, out_w_ptr, out_ids_ptr,
+    _real_bias_topk_softmax(logits, bias, alive, rows, row_ok, cols, col_ok, x_ptr, out_w_ptr, out_ids_ptr,
                             K, BLOCK_T, BLOCK_E)
     tl.debug_barrier()
     ks = tl.arange(0, K)[None, :]
     out = rows.to(tl.int64)[:, None] * K + ks
-    tl.store(out_ids_ptr + out, tl.zeros([BLOCK_T, K], dtype=tl.int64) + ks, mask=row_ok[:, None])
+    ids = tl.zeros([BLOCK_T, K], dtype=tl.int64) + ks
+    tl.store(out_ids_ptr + out, ids, mask=row_ok[:, None])
+    return ids
 
 
 def apply(variant: str) -> None:

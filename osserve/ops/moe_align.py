@@ -90,27 +90,23 @@ def build_plan(
 
 
 @triton.jit
-def build_plan_one_token(
-    ids_ptr,  # [K] the token's expert ids: distinct (a top-k)
+def plan_one_token(
+    ids,  # [1, K] the token's expert ids, in registers: distinct (a top-k)
     sorted_ptr,  # [K * BLOCK_M] int32 out
     block_expert_ptr,  # [K] int32 out
     num_padded_ptr,  # [1] int32 out
     K: tl.constexpr,
     BLOCK_M: tl.constexpr,
 ):
-    """build_plan for one token (M = K slots), for which max_padded is K * BLOCK_M and max_blocks K.
-    Its experts are distinct, so each slot is alone in a tile of its own, the tiles in expert order:
-    no histogram over the experts and no scatter. In the fused router's last program at 128 experts
-    this took 53 µs off the 120b's batch-1 step (2.618 -> 2.565 ms; BENCHMARKS.md, twenty-first
-    session)."""
-    slots = tl.arange(0, K)
-    ids = tl.load(ids_ptr + slots)
-    tile = tl.sum((ids[None, :] < ids[:, None]).to(tl.int32), axis=1)  # experts below the slot's own
-    tl.store(block_expert_ptr + tile, ids.to(tl.int32))
+    """The plan for one token (M = K slots; max_padded K * BLOCK_M, max_blocks K), from its ids as
+    the top-k left them in registers. Its experts are distinct, so each slot is alone in a tile:
+    tile j holds slot j and is expert ids[j]'s. The tiles are in slot order, not expert order as
+    build_plan's (the MoE kernels read each tile's expert on its own), so the rows are the same
+    for every token and nothing is read back: in the fused router's last program that saves a CTA
+    barrier and a round trip through L2 for the ids it has just stored."""
+    tl.store(block_expert_ptr + tl.arange(0, K)[None, :], ids.to(tl.int32))
     rows = tl.arange(0, K * BLOCK_M)
-    first = tile[None, :] * BLOCK_M == rows[:, None]  # [K * BLOCK_M, K]: slot j heads row r's tile
-    # The slot at each row, else the sentinel M (= K): the hit's slot - K, plus K.
-    tl.store(sorted_ptr + rows, tl.sum(tl.where(first, slots[None, :] - K, 0), axis=1) + K)
+    tl.store(sorted_ptr + rows, tl.where(rows % BLOCK_M == 0, rows // BLOCK_M, K))
     tl.store(num_padded_ptr, K * BLOCK_M)
 
 

@@ -22,6 +22,7 @@ packed-key top-k (router_triton.topk_softmax_rows) that took 88 µs off the 120b
 
 When the batch is one token block (T <= BLOCK_T, decode), that last program also builds the
 MoE's routing plan (moe_align.build_plan) from the ids it just wrote: one launch fewer per layer.
+At one token it writes the plan from the ids still in its registers (moe_align.plan_one_token).
 
 Up to NORM_MAX_TOKENS tokens the router can also take the post-attention residual add + RMSNorm
 (router_norm_plan_triton): its input is then the attention output (unreduced K-split partials
@@ -36,6 +37,9 @@ norm weights, which are constants, before the wait, and its first block's activa
 the whole rows'. At decode (23 splits of one 128-column block at H = 2880) nothing but activations
 is then read after the wait. H100, batch-1 median TPOT (bench_decode.py, the tree before against
 this one, same call): 20b 1.911 -> 1.900 ms, in another call 1.904 -> 1.888 ms and 120b 2.776 -> 2.754.
+The bias, which only the last program needs, is loaded before the wait too, and that program
+resets its counter with a plain store: its round trips after the publication are then the
+partials' read alone, where it had an atomic exchange, the bias and the ids' read-back besides.
 """
 
 from __future__ import annotations
@@ -46,7 +50,7 @@ import torch
 import triton
 import triton.language as tl
 
-from osserve.ops.moe_align import PlanShape, RoutingPlan, build_plan, build_plan_one_token, empty_plan
+from osserve.ops.moe_align import PlanShape, RoutingPlan, build_plan, empty_plan, plan_one_token
 from osserve.ops.norm_triton import add_parts, row_rstd
 from osserve.ops.pdl import pdl_enter, pdl_launch, prefetch_before_wait, prefetch_rows
 from osserve.ops.router import FUSED_MAX_TOKENS, router_counters
@@ -112,6 +116,7 @@ def _router_gemm_topk_kernel(
     nw = tl.zeros([BLOCK_H], dtype=tl.float32)
     if NORM:
         nw = tl.load(nw_ptr + hs, mask=h_ok, other=0.0).to(tl.float32)
+    bias = tl.load(b_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)  # for whichever program finishes
     # This program's weight slice past the first block into L2 while the kernel before ends.
     prefetch_rows(w_ptr + cols.to(tl.int64)[:, None] * stride_we, w_ptr, col_ok, h_start + BLOCK_H, h_end,
                   PREFETCH_LINES)
@@ -163,12 +168,14 @@ def _router_gemm_topk_kernel(
                 f_tile = (s * part_rows + f_rows)[:, None] * BLOCK_E + cols[None, :]
                 # .cg: read from L2, where the other SMs' partials are, never a stale L1 line.
                 logits += tl.load(part_ptr + f_tile, mask=f_alive, other=0.0, cache_modifier=".cg")
-            tl.atomic_xchg(cnt_ptr + pid_t, 0)  # ready for the next call
-            _finish(logits, b_ptr, f_alive, f_rows, f_ok, cols, col_ok, x_ptr, out_w_ptr, out_ids_ptr,
+            # Ready for the next call: every split has counted, and the kernel's end orders this
+            # store before the next launch, so no atomic (its fence and round trip) is needed.
+            tl.store(cnt_ptr + pid_t, 0)
+            _finish(logits, bias, f_alive, f_rows, f_ok, cols, col_ok, x_ptr, out_w_ptr, out_ids_ptr,
                     sorted_ptr, block_expert_ptr, num_padded_ptr, num_tokens, max_padded, max_blocks,
                     K, FINISH_T, BLOCK_E, PLAN, PLAN_BLOCK_M, E_P2, CHUNK)
     else:
-        _finish(acc, b_ptr, alive, rows, row_ok, cols, col_ok, x_ptr, out_w_ptr, out_ids_ptr,
+        _finish(acc, bias, alive, rows, row_ok, cols, col_ok, x_ptr, out_w_ptr, out_ids_ptr,
                 sorted_ptr, block_expert_ptr, num_padded_ptr, num_tokens, max_padded, max_blocks,
                 K, BLOCK_T, BLOCK_E, PLAN, PLAN_BLOCK_M, E_P2, CHUNK)
 
@@ -196,29 +203,30 @@ def _normed(new_res, nw, rstd, x_ptr, rows, row_ok, hs, h_ok, hidden, dtype: tl.
 
 
 @triton.jit
-def _finish(logits, b_ptr, alive, rows, row_ok, cols, col_ok, x_ptr, out_w_ptr, out_ids_ptr,
+def _finish(logits, bias, alive, rows, row_ok, cols, col_ok, x_ptr, out_w_ptr, out_ids_ptr,
             sorted_ptr, block_expert_ptr, num_padded_ptr, num_tokens, max_padded, max_blocks,
             K: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_E: tl.constexpr, PLAN: tl.constexpr,
             PLAN_BLOCK_M: tl.constexpr, E_P2: tl.constexpr, CHUNK: tl.constexpr):  # noqa: ANN001
-    _bias_topk_softmax(logits, b_ptr, alive, rows, row_ok, cols, col_ok, x_ptr, out_w_ptr, out_ids_ptr,
-                       K, BLOCK_T, BLOCK_E)
+    ids = _bias_topk_softmax(logits, bias, alive, rows, row_ok, cols, col_ok, x_ptr, out_w_ptr, out_ids_ptr,
+                             K, BLOCK_T, BLOCK_E)
     if PLAN:  # one token block: this program holds every id
-        tl.debug_barrier()  # the ids just stored are visible to the whole program
-        if BLOCK_T == 1:  # FINISH_T: one token (batch-1 decode)
-            build_plan_one_token(out_ids_ptr, sorted_ptr, block_expert_ptr, num_padded_ptr, K, PLAN_BLOCK_M)
+        if BLOCK_T == 1:  # FINISH_T: one token (batch-1 decode), its ids still in registers
+            plan_one_token(ids, sorted_ptr, block_expert_ptr, num_padded_ptr, K, PLAN_BLOCK_M)
         else:
+            tl.debug_barrier()  # the ids just stored are visible to the whole program
             build_plan(out_ids_ptr, sorted_ptr, block_expert_ptr, num_padded_ptr, num_tokens * K, max_padded,
                        max_blocks, PLAN_BLOCK_M, E_P2, CHUNK)
 
 
 @triton.jit
-def _bias_topk_softmax(logits, b_ptr, alive, rows, row_ok, cols, col_ok, x_ptr, out_w_ptr,
+def _bias_topk_softmax(logits, bias, alive, rows, row_ok, cols, col_ok, x_ptr, out_w_ptr,
                        out_ids_ptr, K: tl.constexpr, BLOCK_T: tl.constexpr,
-                       BLOCK_E: tl.constexpr):  # noqa: ANN001
-    bias = tl.load(b_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)
+                       BLOCK_E: tl.constexpr):  # noqa: ANN001, ANN201
+    """Bias (float32 [BLOCK_E], loaded before the wait), top-k and softmax; stores the weights and
+    ids and returns the ids [BLOCK_T, K]."""
     # Round to x's dtype as F.linear's output is: same expert choice as the unfused path.
     logits = (logits + bias[None, :]).to(x_ptr.dtype.element_ty).to(tl.float32)
-    topk_softmax_rows(logits, alive, rows, row_ok, cols, out_w_ptr, out_ids_ptr, K, BLOCK_T, BLOCK_E)
+    return topk_softmax_rows(logits, alive, rows, row_ok, cols, out_w_ptr, out_ids_ptr, K, BLOCK_T, BLOCK_E)
 
 
 def fits_fused_router(num_tokens: int, num_experts: int, top_k: int) -> bool:

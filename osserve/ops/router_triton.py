@@ -27,7 +27,8 @@ def _signed_order(bits):  # noqa: ANN001, ANN201
 def topk_softmax_rows(vals, alive, rows, row_ok, cols, w_ptr, ids_ptr, K: tl.constexpr,
                       BLOCK_T: tl.constexpr, BLOCK_E: tl.constexpr):  # noqa: ANN001
     """Top-K of each row of vals [BLOCK_T, BLOCK_E] (fp32; `alive` marks real entries), softmax
-    over those K, stored at rows of w_ptr / ids_ptr [T, K]. Shared with the fused router GEMM.
+    over those K, stored at rows of w_ptr / ids_ptr [T, K]; the ids [BLOCK_T, K] are also returned.
+    Shared with the fused router GEMM.
 
     Each entry becomes one int64 key: its value's bits, made to order as a signed integer, above
     BLOCK_E - 1 - its column. So one max reduction a round finds the largest value and, among
@@ -58,6 +59,7 @@ def topk_softmax_rows(vals, alive, rows, row_ok, cols, w_ptr, ids_ptr, K: tl.con
     out = rows.to(tl.int64)[:, None] * K + ks
     tl.store(w_ptr + out, w.to(w_ptr.dtype.element_ty), mask=row_ok[:, None])
     tl.store(ids_ptr + out, ids, mask=row_ok[:, None])
+    return ids
 
 
 @triton.jit(do_not_specialize=["num_tokens"])  # per-step size: no recompile per divisibility class

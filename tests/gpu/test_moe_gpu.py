@@ -121,6 +121,29 @@ def test_gluon_unreduced_output_sums_in_the_norm(layer, fragments, num_tokens: i
 
 
 @hopper
+@pytest.mark.parametrize("num_tokens", [1, 3])
+def test_gluon_takes_the_routers_plan(layer, fragments, num_tokens: int) -> None:
+    """fused_moe with the plan the router's kernel built (one token's tiles in slot order,
+    moe_align.plan_one_token; build_plan's above) gives the rows, bit for bit, of the plan the MoE
+    builds itself (align_tokens: expert order)."""
+    from dataclasses import replace
+
+    from osserve.ops.moe import fused_moe
+    from osserve.ops.router import route_with_plan, router_counters
+
+    experts = replace(layer[0], prepared=fragments)
+    x = torch.randn(num_tokens, HIDDEN, device="cuda").bfloat16()
+    w = (torch.randn(EXPERTS, HIDDEN, device="cuda") / HIDDEN**0.5).bfloat16()
+    b = torch.randn(EXPERTS, device="cuda").bfloat16()
+    block_m = experts.plan_block_m(num_tokens, TOP_K)
+    weights, ids, plan = route_with_plan(x, w, b, TOP_K, router_counters("cuda"), block_m)
+    assert plan is not None
+    own = fused_moe(x, weights, ids, experts, LIMIT, reduce=False)
+    with_plan = fused_moe(x, weights, ids, experts, LIMIT, reduce=False, plan=plan)
+    assert torch.equal(with_plan, own)
+
+
+@hopper
 @pytest.mark.parametrize("num_tokens,block_t", [(1, None), (7, None), (300, None), (300, 16), (300, 32),
                                                 (1024, None)])
 def test_gluon_is_deterministic(layer, fragments, num_tokens: int, block_t: int | None) -> None:

@@ -10,6 +10,16 @@ import torch
 from osserve.ops.moe import ExpertWeights
 
 
+def plan_tiles(plan) -> tuple[int, list[tuple[int, list[int]]]]:  # noqa: ANN001
+    """A routing plan up to the order of its tiles, which the MoE kernels do not depend on (each
+    tile reads its own expert): (rows in use, [(expert, the tile's slots)] sorted). The one-token
+    plan (moe_align.plan_one_token) lists its tiles in slot order, align_tokens in expert order."""
+    used = int(plan.num_padded.item())
+    slots, experts = plan.sorted_slots[:used].tolist(), plan.block_expert.tolist()
+    block_m = plan.block_m
+    return used, sorted((experts[i], slots[i * block_m:(i + 1) * block_m]) for i in range(used // block_m))
+
+
 def poison_fresh_buffers(monkeypatch: pytest.MonkeyPatch, *modules: ModuleType) -> None:
     """Make each module's `_empty` return NaN / garbage, so entries a kernel leaves unwritten show."""
 

@@ -19,6 +19,7 @@ from osserve.ops.router_gemm_triton import (
     router_norm_plan_triton,
     router_plan_triton,
 )
+from tests.ops.moe_fixtures import plan_tiles
 
 
 def tie_free_case(t: int, h: int, e: int, seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -88,8 +89,13 @@ def test_router_builds_the_routing_plan(t: int, e: int, split: int | None, block
     expected = align_tokens(ids, e, block_m)
     assert plan.block_m == block_m and plan.max_blocks == expected.max_blocks
     assert plan.sorted_slots.shape == expected.sorted_slots.shape
-    assert plan_rows(plan) == plan_rows(expected)
-    assert torch.equal(plan.sorted_slots, expected.sorted_slots)  # the padding past num_padded too
+    assert plan_tiles(plan) == plan_tiles(expected)
+    if t == 1 and split != 1:  # the last of several programs (moe_align.plan_one_token): tile j holds slot j
+        rows = torch.arange(4 * block_m)
+        assert plan.block_expert.tolist() == ids[0].tolist()
+        assert torch.equal(plan.sorted_slots, torch.where(rows % block_m == 0, rows // block_m, 4).int())
+    else:  # build_plan (one program, or more tokens): align_tokens' plan, the padding past num_padded too
+        assert torch.equal(plan.sorted_slots, expected.sorted_slots) and plan_rows(plan) == plan_rows(expected)
 
 
 @pytest.mark.parametrize("t", [1, 3, 4])
