@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 from osserve.engine.process_engine import EngineMain, Link, ProcessEngine, _engine_main, start_engine_process
 from osserve.errors import ConfigError
+from osserve.server.metrics import METRICS_DIR_VARIABLE
 
 if TYPE_CHECKING:
     import argparse
@@ -38,9 +39,6 @@ if TYPE_CHECKING:
     from osserve.server.app import ServerConfig
 
 log = logging.getLogger("osserve")
-
-# prometheus_client reads it when imported: set in the environment a server process starts with.
-METRICS_DIR_VARIABLE = "PROMETHEUS_MULTIPROC_DIR"
 
 
 def reuse_port_socket(host: str, port: int, listen: bool = True) -> socket.socket:

@@ -20,6 +20,10 @@ from prometheus_client.registry import Collector
 
 from osserve.engine.outputs import EngineStats
 
+# prometheus_client's multiprocess directory, read when the library is imported: set in the
+# environment a server process starts with (server/api_servers.py).
+METRICS_DIR_VARIABLE = "PROMETHEUS_MULTIPROC_DIR"
+
 LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0,
                    7.5, 10.0, 20.0, 40.0, 80.0)
 
@@ -59,7 +63,7 @@ class ServerMetrics:
         self.registry = CollectorRegistry()
         self.engine = _EngineCollector(stats, model)
         self.registry.register(self.engine)
-        self.shared_dir = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
+        self.shared_dir = os.environ.get(METRICS_DIR_VARIABLE)
         labels = ["model_name"]
 
         def hist(name: str, doc: str) -> Histogram:
