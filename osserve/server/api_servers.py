@@ -160,9 +160,7 @@ class ApiServers:
                 server.kill()
                 server.join()
         # With every server gone, the engine stops by itself; it is made to if it does not.
-        self.engine.process.join(timeout=10)
-        if self.engine.process.is_alive():
-            self.engine.process.terminate()
+        self.engine.stop()
         shutil.rmtree(self.shared, ignore_errors=True)
 
     def __enter__(self) -> ApiServers:
