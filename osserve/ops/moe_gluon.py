@@ -96,22 +96,32 @@ def _split_pairs(acc, BLOCK_T: gl.constexpr):
 
 
 @gluon.jit
-def _gate_up_epilogue(acc, tile, expert, pid_s, pid_t, N, limit, b_ptr, act_ptr, part_ptr, sorted_ptr,
-                      num_slots, stride_be, stride_am, stride_ps, stride_pm, BLOCK_T: gl.constexpr,
-                      SPLIT: gl.constexpr, ALPHA: gl.constexpr, UNSCALE: gl.constexpr):
-    """The 32 act columns of 64-row tile `tile`: bias + clamped SwiGLU into act, or with split K the
-    float32 partial sums (gate at column c, up at N + c) for _swiglu_splits_kernel."""
-    gate, up = _split_pairs(acc * UNSCALE, BLOCK_T)
+def _gate_up_epilogue_inputs(tile, expert, pid_t, N, b_ptr, sorted_ptr, num_slots, stride_be, BLOCK_T: gl.constexpr,
+                             SPLIT: gl.constexpr):
+    """What _gate_up_epilogue reads besides the accumulator: tile `tile`'s 32 act columns and their mask,
+    the token tile's plan rows and which hold a slot, and (unsplit) the gate and up biases."""
     col, c_ok, prow = _out_rows(tile * 32, N, pid_t, 32, BLOCK_T, OUT_LAYOUT_32)
     p_ok = gl.load(sorted_ptr + prow) < num_slots
+    b_ok = c_ok & (not SPLIT)
+    bg = gl.load(b_ptr + expert * stride_be + col, mask=b_ok, other=0.0)
+    bu = gl.load(b_ptr + expert * stride_be + N + col, mask=b_ok, other=0.0)
+    return col, c_ok, prow, p_ok, bg, bu
+
+
+@gluon.jit
+def _gate_up_epilogue(acc, inputs, pid_s, N, limit, act_ptr, part_ptr, stride_am, stride_ps, stride_pm,
+                      BLOCK_T: gl.constexpr, SPLIT: gl.constexpr, ALPHA: gl.constexpr, UNSCALE: gl.constexpr):
+    """The 32 act columns of a 64-row tile (inputs: _gate_up_epilogue_inputs'): bias + clamped SwiGLU
+    into act, or with split K the float32 partial sums (gate at column c, up at N + c) for
+    _swiglu_splits_kernel."""
+    col, c_ok, prow, p_ok, bg, bu = inputs
+    gate, up = _split_pairs(acc * UNSCALE, BLOCK_T)
     if SPLIT:
         p_ptrs = part_ptr + pid_s.to(gl.int64) * stride_ps + prow[None, :].to(gl.int64) * stride_pm + col[:, None]
         p_mask = c_ok[:, None] & p_ok[None, :]
         gl.store(p_ptrs, gate, mask=p_mask)
         gl.store(p_ptrs + N, up, mask=p_mask)
     else:
-        bg = gl.load(b_ptr + expert * stride_be + col, mask=c_ok, other=0.0)
-        bu = gl.load(b_ptr + expert * stride_be + N + col, mask=c_ok, other=0.0)
         gate = gl.minimum(gate + bg[:, None], limit)
         up = gl.minimum(gl.maximum(up + bu[:, None], -limit), limit)
         h = gate * (1.0 / (1.0 + gl.exp(-ALPHA * gate))) * (up + 1.0)  # moe.py's clamped SwiGLU
@@ -151,6 +161,9 @@ def _gate_up_kernel(
     k_start = pid_s * k_per_split
     k_end = gl.minimum(K, k_start + k_per_split)
     if WS:
+        # Few token columns: the epilogue's inputs are read now, not in a round trip after the K loop.
+        inputs_a = _gate_up_epilogue_inputs(tile, expert, pid_t, N, b_ptr, sorted_ptr, num_slots, stride_be, BLOCK_T,
+                                            SPLIT)
         word0, scale0 = _first_word_and_scale(expert, tile, stride_we, stride_wt, stride_se, stride_st)
         acc_a = k_loop_ws(w_desc, t_desc, s_desc, word0, scale0, x_ptr, stride_xm, sorted_ptr, pid_t, num_slots,
                           k_start, k_end, K, BLOCK_T, TOP_K, STAGES, False)
@@ -158,11 +171,15 @@ def _gate_up_kernel(
     else:
         acc_a, acc_b = k_loop(w_ptrs, s_ptrs, stride_wt, stride_st, x_ptrs, row_ok[:, None], w_mask, word,
                                kcol, k_start, k_end, K, BLOCK_T, TILES == 2, STAGES, False)
-    _gate_up_epilogue(acc_a, tile, expert, pid_s, pid_t, N, limit, b_ptr, act_ptr, part_ptr, sorted_ptr, num_slots,
-                      stride_be, stride_am, stride_ps, stride_pm, BLOCK_T, SPLIT, ALPHA, UNSCALE)
+        inputs_a = _gate_up_epilogue_inputs(tile, expert, pid_t, N, b_ptr, sorted_ptr, num_slots, stride_be, BLOCK_T,
+                                            SPLIT)
+    _gate_up_epilogue(acc_a, inputs_a, pid_s, N, limit, act_ptr, part_ptr, stride_am, stride_ps, stride_pm, BLOCK_T,
+                      SPLIT, ALPHA, UNSCALE)
     if TILES == 2:
-        _gate_up_epilogue(acc_b, tile + 1, expert, pid_s, pid_t, N, limit, b_ptr, act_ptr, part_ptr, sorted_ptr,
-                          num_slots, stride_be, stride_am, stride_ps, stride_pm, BLOCK_T, SPLIT, ALPHA, UNSCALE)
+        inputs_b = _gate_up_epilogue_inputs(tile + 1, expert, pid_t, N, b_ptr, sorted_ptr, num_slots, stride_be,
+                                            BLOCK_T, SPLIT)
+        _gate_up_epilogue(acc_b, inputs_b, pid_s, N, limit, act_ptr, part_ptr, stride_am, stride_ps, stride_pm,
+                          BLOCK_T, SPLIT, ALPHA, UNSCALE)
 
 
 @gluon.jit(do_not_specialize=_PER_STEP)
@@ -189,22 +206,37 @@ def _down_kernel(
     k_start = pid_s * k_per_split
     k_end = gl.minimum(K, k_start + k_per_split)
     if WS:
+        # Few token columns: the epilogue's inputs are read now, not on the K loop's far side (two
+        # dependent round trips there: the slots, then their router weights).
+        inputs = _down_epilogue_inputs(pid_w, pid_s, pid_t, expert, N, b_ptr, topk_w_ptr, sorted_ptr, num_slots,
+                                       stride_be, BLOCK_T)
         word0, scale0 = _first_word_and_scale(expert, pid_w, stride_we, stride_wt, stride_se, stride_st)
         acc = k_loop_ws(w_desc, t_desc, s_desc, word0, scale0, act_ptr, stride_am, sorted_ptr, pid_t, num_slots,
                         k_start, k_end, K, BLOCK_T, 0, STAGES, PDL)
     else:
         acc, _ = k_loop(w_ptrs, s_ptrs, 0, 0, x_ptrs, row_ok[:, None], w_mask, word, kcol, k_start, k_end, K,
                          BLOCK_T, False, STAGES, PDL)
+        inputs = _down_epilogue_inputs(pid_w, pid_s, pid_t, expert, N, b_ptr, topk_w_ptr, sorted_ptr, num_slots,
+                                       stride_be, BLOCK_T)
 
     acc = gl.convert_layout(acc, OUT_LAYOUT)
-    orow, o_ok, prow = _out_rows(pid_w * 64, N, pid_t, 64, BLOCK_T, OUT_LAYOUT)
-    pslot = gl.load(sorted_ptr + prow)
-    p_ok = pslot < num_slots
-    bias = gl.load(b_ptr + expert * stride_be + orow, mask=o_ok & (pid_s == 0), other=0.0)  # first split only
-    gate_w = gl.load(topk_w_ptr + pslot, mask=p_ok, other=0.0).to(gl.float32)
+    orow, o_ok, prow, pslot, p_ok, bias, gate_w = inputs
     out = (acc * UNSCALE + bias[:, None]) * gate_w[None, :]
     y_ptrs = y_ptr + pid_s.to(gl.int64) * stride_ys + pslot[None, :].to(gl.int64) * stride_ym + orow[:, None]
     gl.store(y_ptrs, out.to(y_ptr.dtype.element_ty), mask=o_ok[:, None] & p_ok[None, :])
+
+
+@gluon.jit
+def _down_epilogue_inputs(pid_w, pid_s, pid_t, expert, N, b_ptr, topk_w_ptr, sorted_ptr, num_slots, stride_be,
+                          BLOCK_T: gl.constexpr):
+    """The down epilogue's output rows and plan rows, each plan row's slot, the bias (first K split only)
+    and each slot's router weight, in OUT_LAYOUT."""
+    orow, o_ok, prow = _out_rows(pid_w * 64, N, pid_t, 64, BLOCK_T, OUT_LAYOUT)
+    pslot = gl.load(sorted_ptr + prow)
+    p_ok = pslot < num_slots
+    bias = gl.load(b_ptr + expert * stride_be + orow, mask=o_ok & (pid_s == 0), other=0.0)
+    gate_w = gl.load(topk_w_ptr + pslot, mask=p_ok, other=0.0).to(gl.float32)
+    return orow, o_ok, prow, pslot, p_ok, bias, gate_w
 
 
 def supported(device: torch.device, hidden: int, intermediate: int) -> bool:
