@@ -114,12 +114,14 @@ def _small_m_linear_kernel(
     split = tl.program_id(1)  # K split: this program's partial sum goes to out[split]
     k_start = split * k_per_split
     k_end = tl.minimum(k_start + k_per_split, K)
+    if HAS_BIAS:  # a weight: read before the loop, not in a round trip after it
+        rb = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+        bias = tl.load(b_ptr + rb, mask=(rb < N) & (rb * 0 + split == 0), other=0.0).to(tl.float32)  # split 0 only
     acc, rn, rm, n_ok, m_ok = small_m_block(x_ptr, w_ptr, tl.program_id(0), M, N, k_start, k_end, stride_xm,
                                             stride_wn, BLOCK_N, BLOCK_M, BLOCK_K, EVEN_K, NUM_STAGES,
                                             DOT_PRECISION, PDL, PREFETCH)
     if HAS_BIAS:
-        if split == 0:
-            acc += tl.load(b_ptr + rn, mask=n_ok, other=0.0).to(tl.float32)[:, None]
+        acc += bias[:, None]
     out = out_ptr + split * stride_os + rm[None, :] * stride_om + rn[:, None]
     tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=n_ok[:, None] & m_ok[None, :])
 

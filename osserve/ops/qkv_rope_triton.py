@@ -48,26 +48,32 @@ def _qkv_rope_cache_kernel(
     w_rows = w_ptr + rows.to(tl.int64)[:, None] * stride_wn
     prefetch_rows(w_rows, w_ptr, rows >= 0, 0, K, PREFETCH)  # a weight: before the wait (ops/pdl.py)
     pdl_enter(PDL)
+    # The epilogue's inputs before the K loop, whose weight stream hides their round trips (after it,
+    # the positions, then their cos/sin rows, were two on the layer's critical path).
+    bias = tl.load(b_ptr + rows).to(tl.float32)
+    rotated = head < NUM_Q + NUM_KV  # q and k heads
+    head_m = rm * 0 + head  # the head per token column (masks of a vector: the interpreter's too)
+    rot_ok = m_ok & (head_m < NUM_Q + NUM_KV)
+    pos = tl.load(pos_ptr + rm, mask=rot_ok, other=0).to(tl.int64)
+    table = pos[None, :] * table_stride + rh[:, None]
+    c = tl.load(cos_ptr + table, mask=rot_ok[None, :], other=0.0).to(tl.float32)
+    s = tl.load(sin_ptr + table, mask=rot_ok[None, :], other=0.0).to(tl.float32)
+    slot = tl.load(slot_ptr + rm, mask=m_ok & (head_m >= NUM_Q), other=-1).to(tl.int64)
     x_cols = x_ptr + rm[None, :] * stride_xm
     acc = small_m_dot(w_rows, x_cols, rows >= 0, m_ok, 0, K, 2 * HALF, BLOCK_M, BLOCK_K, EVEN_K, NUM_STAGES,
                       DOT_PRECISION)  # every row of a head is real
     dtype = q_ptr.dtype.element_ty
     # + bias, rounded to the activations' dtype: the values the unfused projection writes.
-    acc = (acc + tl.load(b_ptr + rows).to(tl.float32)[:, None]).to(dtype).to(tl.float32)
+    acc = (acc + bias[:, None]).to(dtype).to(tl.float32)
     # The head's two halves as two [HALF, BLOCK_M] tensors (rows i and HALF + i side by side).
     y1, y2 = tl.split(tl.permute(tl.reshape(acc, [2, HALF, BLOCK_M]), (1, 2, 0)))
-    if head < NUM_Q + NUM_KV:  # q and k heads are rotated
-        pos = tl.load(pos_ptr + rm, mask=m_ok, other=0).to(tl.int64)
-        table = pos[None, :] * table_stride + rh[:, None]
-        c = tl.load(cos_ptr + table, mask=m_ok[None, :], other=0.0).to(tl.float32)
-        s = tl.load(sin_ptr + table, mask=m_ok[None, :], other=0.0).to(tl.float32)
+    if rotated:
         y1, y2 = y1 * c - y2 * s, y2 * c + y1 * s
     if head < NUM_Q:
         dst = q_ptr + rm[None, :] * stride_qm + head * stride_qh + rh[:, None]
         tl.store(dst, y1.to(dtype), mask=m_ok[None, :])
         tl.store(dst + HALF, y2.to(dtype), mask=m_ok[None, :])
     else:
-        slot = tl.load(slot_ptr + rm, mask=m_ok, other=-1).to(tl.int64)
         ok = (m_ok & (slot >= 0))[None, :]
         blk = slot // block_size
         off = slot % block_size
