@@ -12,7 +12,7 @@ import torch
 import triton
 import triton.testing
 
-from osserve.ops.attention_triton import paged_attention_triton
+from osserve.ops.attention.paged_triton import paged_attention_triton
 
 H, KVH, D, BS, WINDOW = 64, 8, 64, 16, 128
 BYTES = 2  # bf16

@@ -20,7 +20,7 @@ from collections import defaultdict
 
 import torch
 
-from benchmarks import router_parts
+from benchmarks.diag import router_parts
 from osserve.bench.latency import LatencyResult, run_once
 from osserve.config import preset
 from osserve.engine.load import EngineArgs, build_engine
@@ -39,7 +39,7 @@ def bytes_per_decode_token(name: str, context: int) -> float:
 
 
 def profile_decode_step(engine) -> dict[str, float]:  # type: ignore[no-untyped-def]
-    from osserve.engine.sampling_params import SamplingParams
+    from osserve.engine.core.sampling_params import SamplingParams
 
     engine.add_request("prof", list(range(1000, 2024)), SamplingParams(temperature=0, max_tokens=40, ignore_eos=True))
     for _ in range(30):
@@ -77,7 +77,7 @@ def print_kernels(label: str, events) -> None:  # type: ignore[no-untyped-def]
 
 def profile_prefill_step(engine) -> None:  # type: ignore[no-untyped-def]
     """The kernels of one 8 x 2048-token prefill step (eager: prefill runs outside the graphs)."""
-    from osserve.engine.sampling_params import SamplingParams
+    from osserve.engine.core.sampling_params import SamplingParams
 
     for i in range(8):
         prompt = [(1000 + 7 * i + j) % 50000 for j in range(2048)]
@@ -95,18 +95,20 @@ def moe_bandwidth(name: str) -> dict[str, float]:
     (each expert hit counted once) at decode batch 1 and 32."""
     import triton
 
-    from osserve.ops.moe import fused_moe
+    from osserve.ops.moe.dispatch import fused_moe
     from tests.ops.moe_fixtures import random_experts
 
     cfg = preset(name)
     torch.manual_seed(0)
     layers = [random_experts(cfg.num_local_experts, cfg.hidden_size, cfg.intermediate_size, "cuda")
               for _ in range(4)]  # rotate 4 layers' weights so L2 does not hold them
-    from osserve.ops import moe_gluon
+    from osserve.ops.moe import gluon as moe_gluon
+    from osserve.ops.moe.layout import prepare_mxfp4_experts
 
     fragments = moe_gluon.supported(torch.device("cuda"), cfg.hidden_size, cfg.intermediate_size)
     for ex in layers:
-        ex.prepare(keep_original=False, fragments=fragments)
+        ex.prepared = prepare_mxfp4_experts(ex, fragments=fragments)
+        ex.gate_up_blocks = ex.gate_up_scales = ex.down_blocks = ex.down_scales = None
     per_expert = 3 * cfg.hidden_size * cfg.intermediate_size * (0.5 + 1 / 32)
     out = {}
     for t in (1, 32):
@@ -151,7 +153,7 @@ def leave_out(variant: str) -> None:
     real = CURRENT.setdefault("leave-out", (model.add_rms_norm, model.paged_attention,
                                             model.add_norm_route_with_plan, model.fused_moe))
     model.add_rms_norm, model.paged_attention, model.add_norm_route_with_plan, model.fused_moe = real
-    import osserve.ops.attention_triton_decode as decode_attention
+    import osserve.ops.attention.decode_triton as decode_attention
 
     merge = CURRENT.setdefault("merge", (decode_attention._merge_kernel,))[0]
     decode_attention._merge_kernel = _Twice(merge) if variant == "merge-twice" else merge
@@ -192,13 +194,13 @@ def set_variant(variant: str, baseline_path: str | None) -> None:
     """The A/B switches, for this script only: module-level names the dispatchers read per call.
     baseline-moe-kernel runs an older moe_swapped.py (bench_moe_decode.load_baseline) on
     row-major scales in place of the current swapped kernel."""
-    import osserve.ops.attention_triton_decode as decode_attention
-    import osserve.ops.linear_triton as linear_triton
-    import osserve.ops.moe_gluon as moe_gluon
-    import osserve.ops.moe_swapped as moe_swapped
-    import osserve.ops.moe_triton as moe_triton
+    import osserve.ops.attention.decode_triton as decode_attention
+    import osserve.ops.linear.small_m_triton as linear_triton
+    import osserve.ops.moe.gluon as moe_gluon
+    import osserve.ops.moe.layout as moe_layout
+    import osserve.ops.moe.swapped as moe_swapped
     import osserve.ops.pdl as pdl
-    import osserve.ops.router_gemm_triton as fused_router
+    import osserve.ops.router.fused_triton as fused_router
     from benchmarks.bench_moe_decode import load_baseline
 
     fused_router.FUSED_MAX_TOKENS = 0 if variant == "cublas-router" else 128
@@ -221,13 +223,13 @@ def set_variant(variant: str, baseline_path: str | None) -> None:
     supported = CURRENT.setdefault("gluon", (moe_gluon.supported,))[0]
     triton_moe = variant in ("triton-swapped-moe", *AB_VARIANTS["moe"], *AB_VARIANTS["kernel"])  # the older A/Bs
     moe_gluon.supported = (lambda *a: False) if triton_moe else supported  # type: ignore[assignment]
-    current = CURRENT.setdefault("kernel", (moe_swapped.fused_moe_swapped, moe_triton._group_major))
+    current = CURRENT.setdefault("kernel", (moe_swapped.fused_moe_swapped, moe_layout._group_major))
     if variant == "baseline-moe-kernel":
         baseline = load_baseline(baseline_path)
         assert baseline is not None, "--ab kernel needs --baseline FILE"
-        moe_swapped.fused_moe_swapped, moe_triton._group_major = baseline.fused_moe_swapped, lambda t: t
+        moe_swapped.fused_moe_swapped, moe_layout._group_major = baseline.fused_moe_swapped, lambda t: t
     else:
-        moe_swapped.fused_moe_swapped, moe_triton._group_major = current
+        moe_swapped.fused_moe_swapped, moe_layout._group_major = current
 
 
 CURRENT: dict[str, tuple] = {}  # the swapped kernel and the scale layout, before any switch

@@ -1,4 +1,4 @@
-"""The decode head (ops/head_triton.py: lm_head [201088, 2880] bf16 with the greedy argmax) by
+"""The decode head (ops/linear/head_triton.py: lm_head [201088, 2880] bf16 with the greedy argmax) by
 config, against the small-M linear + float32 cast + torch.argmax it replaced.
 
 Run on the GPU: PYTHONPATH=$PWD python3 benchmarks/bench_head.py [--tokens 1,32]  (default: 1)
@@ -16,8 +16,8 @@ import itertools
 import torch
 from triton.testing import do_bench
 
-from osserve.ops.head_triton import logits_and_greedy_triton
-from osserve.ops.linear_triton import DEFAULT_CONFIG, LinearConfig, small_m_linear_triton
+from osserve.ops.linear.head_triton import logits_and_greedy_triton
+from osserve.ops.linear.small_m_triton import DEFAULT_CONFIG, LinearConfig, small_m_linear_triton
 
 HIDDEN, VOCAB = 2880, 201088
 CONFIGS = [DEFAULT_CONFIG] + [

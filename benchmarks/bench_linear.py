@@ -1,5 +1,5 @@
 """Decode-size projections: cuBLAS (q, k, v apart, as the model ran them; q/k/v fused) against the
-small-M Triton linear (osserve/ops/linear_triton.py), at gpt-oss's attention and lm_head shapes.
+small-M Triton linear (osserve/ops/linear/small_m_triton.py), at gpt-oss's attention and lm_head shapes.
 
 Run on the GPU: PYTHONPATH=$PWD python3 benchmarks/bench_linear.py [--sweep]
 Correctness first (every config against F.linear in float32), then µs per layer from CUDA-graph
@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from triton.testing import do_bench
 
-from osserve.ops.linear_triton import DEFAULT_CONFIG, LinearConfig, small_m_linear_triton
+from osserve.ops.linear.small_m_triton import DEFAULT_CONFIG, LinearConfig, small_m_linear_triton
 
 HIDDEN, Q, KV, VOCAB, LAYERS = 2880, 4096, 512, 201088, 24
 TOKENS = (1, 2, 4, 8, 16, 32)  # up to linear_triton.MAX_TOKENS

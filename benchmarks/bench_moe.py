@@ -1,4 +1,5 @@
-"""Fused MXFP4 MoE vs the dequantised-bf16 per-expert torch loop, at gpt-oss-20b and -120b shapes.
+"""The token-tiled MXFP4 MoE kernel (ops/moe/tiled.py, the portable large-batch path) vs the
+dequantised-bf16 per-expert torch loop (the reference), at gpt-oss-20b and -120b shapes.
 
 Run on the GPU: PYTHONPATH=$PWD python3 benchmarks/bench_moe.py [--sweep]
 Triton times are CUDA-graph replays of L layers in a row (distinct weights per layer so L2 can't
@@ -14,9 +15,9 @@ from functools import partial
 import torch
 from triton.testing import do_bench
 
-from osserve.ops.moe import moe_reference
-from osserve.ops.moe_triton import CONFIGS, MoEConfig, fused_moe_triton, pick_config, prepare_mxfp4_experts
-from osserve.ops.mxfp4 import dequantize_mxfp4
+from osserve.ops.moe.layout import prepare_mxfp4_experts
+from osserve.ops.moe.reference import moe_reference
+from osserve.ops.moe.tiled import CONFIGS, MoEConfig, fused_moe_triton, pick_config
 from tests.ops.moe_fixtures import random_experts, random_routing
 
 HIDDEN = INTER = 2880
@@ -41,15 +42,6 @@ def graph_time_us(fns: list) -> float:
             fn()
     ms = do_bench(graph.replay, warmup=25, rep=100, return_mode="median")
     return ms * 1e3 / len(fns)
-
-
-def dense_bf16(experts) -> tuple[torch.Tensor, torch.Tensor]:
-    """Dequantise to bf16 a few experts at a time (the float32 temporaries of a 120b layer are large)."""
-    def deq(blocks, scales):
-        return torch.cat([dequantize_mxfp4(blocks[e: e + 8], scales[e: e + 8], torch.bfloat16)
-                          for e in range(0, blocks.shape[0], 8)])
-
-    return deq(experts.gate_up_blocks, experts.gate_up_scales), deq(experts.down_blocks, experts.down_scales)
 
 
 def sweep(
@@ -77,7 +69,6 @@ def main() -> None:
         originals = [random_experts(num_experts, HIDDEN, INTER, device="cuda") for _ in range(layers)]
         prepared = [prepare_mxfp4_experts(e) for e in originals]
         ref_layer = originals[0]
-        ref_layer.gate_up_dense, ref_layer.down_dense = dense_bf16(ref_layer)
         for e in originals[1:]:
             e.gate_up_blocks = e.gate_up_scales = e.down_blocks = e.down_scales = None
         torch.cuda.empty_cache()

@@ -20,10 +20,12 @@ from functools import partial
 import torch
 
 from benchmarks.bench_moe import EXPERT_BYTES, graph_time_us
-from osserve.ops.moe import moe_reference
-from osserve.ops.moe_swapped import PROGRAMS_PER_SM, SwappedConfig, fused_moe_swapped
-from osserve.ops.moe_swapped import pick_config as pick_swapped
-from osserve.ops.moe_triton import PreparedExperts, fused_moe_triton, pick_config, prepare_mxfp4_experts
+from osserve.ops.moe.layout import prepare_mxfp4_experts
+from osserve.ops.moe.reference import moe_reference
+from osserve.ops.moe.swapped import PROGRAMS_PER_SM, SwappedConfig, fused_moe_swapped
+from osserve.ops.moe.swapped import pick_config as pick_swapped
+from osserve.ops.moe.tiled import fused_moe_triton, pick_config
+from osserve.ops.moe.weights import PreparedExperts
 from tests.ops.moe_fixtures import random_experts, random_routing
 
 HIDDEN = INTER = 2880
@@ -56,7 +58,7 @@ def row_major_scales(p: PreparedExperts) -> PreparedExperts:
 
 
 def load_baseline(path: str | None):  # type: ignore[no-untyped-def]
-    """An older moe_swapped.py (e.g. `git show REV:osserve/ops/moe_swapped.py > F`) to time in the
+    """An older moe_swapped.py (e.g. `git show REV:osserve/ops/moe/swapped.py > F`) to time in the
     same run; it reads row-major scales."""
     if not path or not os.path.exists(path):
         return None

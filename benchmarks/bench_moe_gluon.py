@@ -19,10 +19,10 @@ import torch
 
 from benchmarks.bench_moe import EXPERT_BYTES, graph_time_us
 from benchmarks.bench_moe_decode import HIDDEN, INTER, LIMIT, MODELS, TOP_K, kernel_times, rel_err, timing_inputs
-from osserve.ops.moe import moe_reference
-from osserve.ops.moe_gluon import fused_moe_gluon
-from osserve.ops.moe_swapped import fused_moe_swapped
-from osserve.ops.moe_triton import prepare_mxfp4_experts
+from osserve.ops.moe.gluon import fused_moe_gluon
+from osserve.ops.moe.layout import prepare_mxfp4_experts
+from osserve.ops.moe.reference import moe_reference
+from osserve.ops.moe.swapped import fused_moe_swapped
 from tests.ops.moe_fixtures import random_experts, random_routing
 
 RINGS = (2, 3, 4)  # shared-memory ring depths checked

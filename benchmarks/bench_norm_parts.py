@@ -15,8 +15,8 @@ from functools import partial
 import torch
 
 from benchmarks.bench_moe import graph_time_us
-from osserve.ops.moe_swapped import sum_experts
-from osserve.ops.norm_triton import add_rms_norm_triton, default_warps
+from osserve.ops.moe.swapped import sum_experts
+from osserve.ops.norm.norm_triton import add_rms_norm_triton, default_warps
 
 HIDDEN, TOP_K, EPS, LAYERS = 2880, 4, 1e-5, 24
 CASES = ((1, 2), (1, 1), (4, 2), (32, 1), (1, 0), (32, 0))  # (tokens, splits); 0: a plain [T, H] x

@@ -18,9 +18,10 @@ import torch.nn.functional as F
 import triton
 from triton.testing import do_bench
 
-from osserve.ops.router import route_reference, router_counters
-from osserve.ops.router_gemm_triton import BLOCK_T, default_split, router_gemm_topk_triton
-from osserve.ops.router_triton import topk_softmax_triton
+from osserve.ops.router.counters import router_counters
+from osserve.ops.router.fused_triton import BLOCK_T, default_split, router_gemm_topk_triton
+from osserve.ops.router.reference import route_reference
+from osserve.ops.router.topk_triton import topk_softmax_triton
 
 HIDDEN, TOP_K = 2880, 4
 TOKENS = (1, 4, 16, 32, 64, 128)

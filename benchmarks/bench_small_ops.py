@@ -13,12 +13,12 @@ import torch
 from triton.testing import do_bench
 
 from osserve.config import YarnRope
-from osserve.ops.norm import add_rms_norm_reference
-from osserve.ops.norm_triton import add_rms_norm_triton
-from osserve.ops.rope import RopeTable, rope_and_cache_reference, rope_cos_sin, yarn_inv_freq
-from osserve.ops.rope_triton import rope_and_cache_triton
-from osserve.ops.router import route_reference
-from osserve.ops.router_triton import route_triton
+from osserve.ops.norm.norm_triton import add_rms_norm_triton
+from osserve.ops.norm.reference import add_rms_norm_reference
+from osserve.ops.rope.reference import RopeTable, rope_and_cache_reference, rope_cos_sin, yarn_inv_freq
+from osserve.ops.rope.rope_triton import rope_and_cache_triton
+from osserve.ops.router.reference import route_reference
+from osserve.ops.router.topk_triton import route_triton
 
 HIDDEN, HEADS, KV_HEADS, HEAD_DIM, BLOCK, TOP_K, EPS = 2880, 64, 8, 64, 16, 4, 1e-5
 TOKENS = (1, 32, 8192)
@@ -69,8 +69,8 @@ def bench_router(t: int, e: int) -> tuple[float, float]:
 def bench_sampler(b: int, vocab: int = 201088) -> tuple[float, float]:
     """Temperature-1 sampling of b rows (the serving benchmark's default): the fused Gumbel-max
     kernel against the PyTorch race the Sampler runs otherwise (reference_ops forces it)."""
-    from osserve.engine.sampler import Sampler, SamplingBatch
-    from osserve.engine.sampling_params import SamplingParams
+    from osserve.engine.core.sampling_params import SamplingParams
+    from osserve.engine.worker.sampler import Sampler, SamplingBatch
     from osserve.ops.dispatch import reference_ops
 
     logits = torch.randn(b, vocab, device="cuda")

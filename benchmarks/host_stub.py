@@ -25,10 +25,10 @@ from typing import Any
 
 import torch
 
-from osserve.engine.cuda_graphs import DecodeGraphs, StepOutputs
 from osserve.engine.engine import LLMEngine
 from osserve.engine.load import EngineArgs, build_engine
 from osserve.engine.process_engine import pack_outputs, unpack_output
+from osserve.engine.worker.cuda_graphs import DecodeGraphs, StepOutputs
 
 
 class _NoReplay:

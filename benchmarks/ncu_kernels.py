@@ -18,9 +18,9 @@ import argparse
 import torch
 
 from benchmarks.bench_moe_decode import HIDDEN, INTER, LIMIT, MODELS, timing_inputs
-from osserve.ops.linear_triton import small_m_linear_triton, unreduced_splits
-from osserve.ops.moe_gluon import fused_moe_gluon
-from osserve.ops.moe_triton import prepare_mxfp4_experts
+from osserve.ops.linear.small_m_triton import small_m_linear_triton, unreduced_splits
+from osserve.ops.moe.gluon import fused_moe_gluon
+from osserve.ops.moe.layout import prepare_mxfp4_experts
 from tests.ops.moe_fixtures import random_experts
 
 LINEAR_SHAPES = {"qkv": (5120, 2880), "o": (2880, 4096), "lm_head": (201088, 2880)}

@@ -25,9 +25,9 @@ import time
 import torch
 
 from benchmarks.host_stub import build_host_only_engine, process_step_message
+from osserve.engine.core.sampling_params import SamplingParams
 from osserve.engine.engine import LLMEngine, StepProfile
 from osserve.engine.load import EngineArgs, build_engine
-from osserve.engine.sampling_params import SamplingParams
 
 
 def fill(engine: LLMEngine, batch: int, prompt_len: int, max_tokens: int) -> None:

@@ -22,10 +22,10 @@ import sys
 import threading
 import time
 
+from osserve.engine.core.outputs import CompletionDelta, EngineStats
+from osserve.engine.core.sampling_params import SamplingParams
 from osserve.engine.load import EngineArgs
-from osserve.engine.outputs import CompletionDelta, EngineStats
 from osserve.engine.process_engine import ServerLinks
-from osserve.engine.sampling_params import SamplingParams
 
 PORT = 8011
 

@@ -8,8 +8,8 @@ __version__ = "0.1.0"
 __all__ = ["LLM", "SamplingParams", "__version__"]
 
 if TYPE_CHECKING:
+    from osserve.engine.core.sampling_params import SamplingParams
     from osserve.engine.llm import LLM
-    from osserve.engine.sampling_params import SamplingParams
 
 
 def __getattr__(name: str) -> Any:
@@ -19,7 +19,7 @@ def __getattr__(name: str) -> Any:
 
         return LLM
     if name == "SamplingParams":
-        from osserve.engine.sampling_params import SamplingParams
+        from osserve.engine.core.sampling_params import SamplingParams
 
         return SamplingParams
     raise AttributeError(name)

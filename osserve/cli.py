@@ -103,7 +103,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         return run_generate(args)
     if args.command == "serve":
-        from osserve.server.app import run_server
+        from osserve.server.run import run_server
 
         return run_server(args)
     if args.command == "bench" and args.bench_command == "latency":

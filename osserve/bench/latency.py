@@ -21,9 +21,9 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
+from osserve.engine.core.sampling_params import SamplingParams
 from osserve.engine.engine import LLMEngine
 from osserve.engine.load import EngineArgs, build_engine
-from osserve.engine.sampling_params import SamplingParams
 
 
 @dataclass

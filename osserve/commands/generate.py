@@ -7,8 +7,8 @@ import time
 
 from rich.console import Console
 
+from osserve.engine.core.sampling_params import SamplingParams
 from osserve.engine.load import EngineArgs, build_engine
-from osserve.engine.sampling_params import SamplingParams
 from osserve.harmony.render import ChatMessage, render_chat
 from osserve.harmony.stream import parse_completion
 

@@ -18,7 +18,7 @@ from safetensors.torch import load_file, save_file
 
 from osserve.demo.trainable import DemoTrainable
 from osserve.model.weights import SINGLE_FILE, checkpoint_layout
-from osserve.ops.mxfp4 import quantize_mxfp4
+from osserve.ops.mxfp4.reference import quantize_mxfp4
 
 ROW_TENSORS = ("model.embed_tokens.weight", "lm_head.weight")
 

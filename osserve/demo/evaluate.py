@@ -129,7 +129,7 @@ def evaluate(ask: Ask, examples: list[Example]) -> EvalReport:
 
 def llm_asker(llm: Any, max_tokens: int = 160) -> Ask:
     """Batched greedy answers from an offline `osserve.engine.llm.LLM`."""
-    from osserve.engine.sampling_params import SamplingParams
+    from osserve.engine.core.sampling_params import SamplingParams
     from osserve.harmony.render import render_chat
     from osserve.harmony.stream import parse_completion
 

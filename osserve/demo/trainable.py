@@ -24,11 +24,11 @@ from torch import nn
 
 from osserve.config import ModelConfig
 from osserve.model.gpt_oss import MLP, DecoderLayer, GptOssForCausalLM
-from osserve.ops.moe import moe_dense_reference
-from osserve.ops.mxfp4 import dequantize_mxfp4, quantize_mxfp4
-from osserve.ops.norm import rms_norm_reference
-from osserve.ops.rope import apply_rope
-from osserve.ops.router import route_reference
+from osserve.ops.moe.reference import moe_dense_reference
+from osserve.ops.mxfp4.reference import dequantize_mxfp4, quantize_mxfp4
+from osserve.ops.norm.reference import rms_norm_reference
+from osserve.ops.rope.reference import apply_rope
+from osserve.ops.router.reference import route_reference
 
 # The demo architecture: gpt-oss's structure (alternating 128-token sliding window and full
 # attention, sinks, GQA, YaRN RoPE, top-k MoE with clamped SwiGLU, MXFP4 experts) at a size

@@ -10,9 +10,17 @@ import threading
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
+from osserve.engine.core.outputs import (
+    CompletionDelta,
+    EngineClient,
+    EngineStats,
+    Queues,
+    coalesce,
+    deliver,
+    error_delta,
+)
+from osserve.engine.core.sampling_params import SamplingParams
 from osserve.engine.engine import LLMEngine
-from osserve.engine.outputs import CompletionDelta, EngineClient, EngineStats, Queues, coalesce, deliver, error_delta
-from osserve.engine.sampling_params import SamplingParams
 from osserve.errors import EngineDeadError, OsserveError, OverloadedError
 
 log = logging.getLogger("osserve")
@@ -27,7 +35,7 @@ class _Inbox:
 
 
 class AsyncEngine:
-    """Implements osserve.engine.outputs.EngineClient over an LLMEngine."""
+    """Implements osserve.engine.core.outputs.EngineClient over an LLMEngine."""
 
     def __init__(self, engine: LLMEngine, max_waiting: int | None = None) -> None:
         self.engine = engine

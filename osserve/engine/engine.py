@@ -30,14 +30,14 @@ from dataclasses import dataclass
 import torch
 
 from osserve.config import CacheConfig, ModelConfig, SchedulerConfig
-from osserve.engine.kv_cache import KVCacheManager, KVCacheStats
-from osserve.engine.output_processor import OutputProcessor
-from osserve.engine.outputs import CompletionDelta, EngineStats, TokenLogprob
-from osserve.engine.request import PENDING_TOKEN, Request
-from osserve.engine.runner import BatchEntry, ModelRunner
-from osserve.engine.sampler import Sampler, SamplerOutput, SamplingBatch
-from osserve.engine.sampling_params import SamplingParams
-from osserve.engine.scheduler import Scheduler, SchedulerOutput
+from osserve.engine.core.kv_cache import KVCacheManager, KVCacheStats
+from osserve.engine.core.output_processor import OutputProcessor
+from osserve.engine.core.outputs import CompletionDelta, EngineStats, TokenLogprob
+from osserve.engine.core.request import PENDING_TOKEN, Request
+from osserve.engine.core.sampling_params import SamplingParams
+from osserve.engine.core.scheduler import Scheduler, SchedulerOutput
+from osserve.engine.worker.runner import BatchEntry, ModelRunner
+from osserve.engine.worker.sampler import Sampler, SamplerOutput, SamplingBatch
 from osserve.errors import InvalidRequestError
 from osserve.tokenizer import Tokenizer
 
@@ -325,7 +325,7 @@ class LLMEngine:
         if result is not None and result.logprobs is not None:
             reqs = sorted(step.rows, key=step.rows.__getitem__)
             wanted = [self.requests[rid].sampling_params.logprobs if rid in self.requests else None for rid in reqs]
-            logprobs = dict(zip(reqs, self.outputs.logprobs_rows(result, wanted), strict=True))
+            logprobs = dict(zip(reqs, result.token_logprobs(wanted), strict=True))
         updates = self.scheduler.update_from_output(step.out, sampled)
         deltas = []
         for upd in updates:

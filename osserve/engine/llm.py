@@ -6,10 +6,10 @@ import itertools
 from collections.abc import Sequence
 from typing import Any
 
+from osserve.engine.core.outputs import RequestOutput, TokenLogprob
+from osserve.engine.core.sampling_params import SamplingParams
 from osserve.engine.engine import LLMEngine
 from osserve.engine.load import EngineArgs, build_engine
-from osserve.engine.outputs import RequestOutput, TokenLogprob
-from osserve.engine.sampling_params import SamplingParams
 from osserve.harmony.render import ChatMessage, Effort, FunctionTool, render_chat
 from osserve.harmony.stream import ParsedOutput, parse_completion
 

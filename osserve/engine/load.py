@@ -13,14 +13,14 @@ from pathlib import Path
 import torch
 
 from osserve.config import CacheConfig, ModelConfig, SchedulerConfig, preset
+from osserve.engine.core.kv_cache import KVCacheManager
 from osserve.engine.engine import EngineParts, LLMEngine
-from osserve.engine.kv_cache import KVCacheManager
-from osserve.engine.kv_tensors import allocate_kv_caches, layer_groups, plan_kv_cache
-from osserve.engine.runner import ModelRunner
+from osserve.engine.worker.kv_tensors import allocate_kv_caches, layer_groups, plan_kv_cache
+from osserve.engine.worker.runner import ModelRunner
 from osserve.errors import ConfigError
 from osserve.model.checkpoint import fill_random_weights
 from osserve.model.weights import build_model, load_weights
-from osserve.ops import moe_swapped
+from osserve.ops.moe import swapped
 from osserve.tokenizer import load_tokenizer
 
 log = logging.getLogger("osserve")
@@ -109,12 +109,12 @@ def build_engine(args: EngineArgs) -> LLMEngine:
         # Keep the checkpoint-layout experts beside the kernel's layout (for the dense prefill
         # path) only when both fit comfortably: the 20b yes, the 120b on one 80 GB GPU no.
         total = torch.cuda.get_device_properties(device).total_memory
-        # On Hopper the Gluon kernel's weight layout (moe_gluon.py); elsewhere the Triton kernels'.
-        from osserve.ops import moe_gluon
+        # On Hopper the Gluon kernel's weight layout (ops/moe/gluon.py); elsewhere the Triton kernels'.
+        from osserve.ops.moe import gluon
 
-        fragments = moe_gluon.supported(device, cfg.hidden_size, cfg.intermediate_size)
+        fragments = gluon.supported(device, cfg.hidden_size, cfg.intermediate_size)
         prepared = model.prepare_experts(keep_original=2 * weights_bytes < 0.6 * total, fragments=fragments)
-        compile_moe = moe_gluon.compile_kernels if fragments else moe_swapped.compile_kernels
+        compile_moe = gluon.compile_kernels if fragments else swapped.compile_kernels
         compile_moe(prepared[0], cfg.num_experts_per_tok, cfg.swiglu_limit, dtype)
         # Hand the freed checkpoint-layout tensors and load temporaries back to the driver, so the
         # KV budget below (read from the driver's free memory) sees them as free.

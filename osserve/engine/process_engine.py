@@ -27,8 +27,8 @@ from multiprocessing.process import BaseProcess
 from typing import TYPE_CHECKING, Any
 
 from osserve import errors
-from osserve.engine.outputs import CompletionDelta, EngineStats, Queues, coalesce, deliver, error_delta
-from osserve.engine.sampling_params import SamplingParams
+from osserve.engine.core.outputs import CompletionDelta, EngineStats, Queues, coalesce, deliver, error_delta
+from osserve.engine.core.sampling_params import SamplingParams
 from osserve.errors import EngineDeadError, OsserveError, OverloadedError
 from osserve.tokenizer import load_tokenizer
 
@@ -234,7 +234,7 @@ def start_engine_process(args: EngineArgs, servers: int = 1, engine_main: Engine
 
 # ---------------------------------------------------------------------- the server side
 class ProcessEngine:
-    """Implements osserve.engine.outputs.EngineClient over an engine in another process, through
+    """Implements osserve.engine.core.outputs.EngineClient over an engine in another process, through
     one server's pair of pipes."""
 
     def __init__(self, link: Link, info: dict[str, Any], max_waiting: int | None = None,

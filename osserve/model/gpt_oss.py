@@ -5,7 +5,7 @@ Module and parameter names mirror Hugging Face's checkpoint (`model.layers.N.sel
 
 The forward takes a flat batch: T tokens from several sequences, their positions, the batch's
 AttentionMetadata and one (k_cache, v_cache) pair per layer. Prefill, chunked prefill and decode
-are all this one call; the runner decides what goes in (see engine/runner.py). Compilation and
+are all this one call; the runner decides what goes in (see engine/worker/runner.py). Compilation and
 CUDA graphs are applied by the runner, not here.
 """
 
@@ -17,17 +17,21 @@ import torch
 from torch import nn
 
 from osserve.config import ModelConfig
-from osserve.ops.attention import AttentionMetadata, paged_attention
+from osserve.ops.attention.dispatch import paged_attention
+from osserve.ops.attention.metadata import AttentionMetadata
 from osserve.ops.dispatch import use_triton
-from osserve.ops.linear import linear
-from osserve.ops.moe import ExpertWeights, fused_moe
+from osserve.ops.linear.dispatch import linear
+from osserve.ops.moe.dispatch import fused_moe, plan_block_m
+from osserve.ops.moe.weights import ExpertWeights, PreparedExperts
+from osserve.ops.norm.dispatch import add_rms_norm, embed_rms_norm
+from osserve.ops.norm.reference import PendingTokens
+from osserve.ops.rope.dispatch import qkv_rope_and_cache, rope_and_cache_table
+from osserve.ops.rope.reference import RopeTable
+from osserve.ops.router.counters import router_counters
+from osserve.ops.router.dispatch import add_norm_route_with_plan
 
 if TYPE_CHECKING:
-    from osserve.ops.head_triton import HostIds
-    from osserve.ops.moe_triton import PreparedExperts
-from osserve.ops.norm import PendingTokens, add_rms_norm, embed_rms_norm
-from osserve.ops.rope import RopeTable, qkv_rope_and_cache, rope_and_cache_table
-from osserve.ops.router import add_norm_route_with_plan, router_counters
+    from osserve.ops.linear.head_triton import HostIds
 
 SLIDING_GROUP = "sliding"
 FULL_GROUP = "full"
@@ -157,7 +161,7 @@ class MLP(nn.Module):
         experts = self.experts.weights()
         x, residual, weights, ids, plan = add_norm_route_with_plan(
             a, residual, norm_weight, eps, self.router.weight, self.router.bias, self.top_k, self.router_counters,
-            experts.plan_block_m(residual.shape[0], self.top_k))
+            plan_block_m(experts, residual.shape[0], self.top_k))
         return fused_moe(x, weights, ids, experts, self.swiglu_limit, reduce=False, plan=plan), residual
 
 
@@ -253,10 +257,10 @@ class GptOssForCausalLM(nn.Module):
                                   host_out: HostIds | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
         """(compute_logits(hidden), their argmax [N] int64 where it comes with them, else None). At
         decode sizes on the GPU one kernel writes the float32 logits and argmax partials, and a
-        second picks the ids (ops/head_triton.py), into greedy_out and host_out where given;
+        second picks the ids (ops/linear/head_triton.py), into greedy_out and host_out where given;
         elsewhere the sampler takes its own argmax where it needs one (and host_out is not written)."""
         if use_triton(hidden):
-            from osserve.ops.head_triton import fits_logits_triton, logits_and_greedy_triton
+            from osserve.ops.linear.head_triton import fits_logits_triton, logits_and_greedy_triton
 
             if fits_logits_triton(hidden, self.lm_head.weight):
                 return logits_and_greedy_triton(hidden, self.lm_head.weight, greedy_out=greedy_out,
@@ -273,7 +277,7 @@ class GptOssForCausalLM(nn.Module):
         """Give every layer's experts the fused kernel's layout (once, at load, on the GPU); returns
         them by layer. Without keep_original the checkpoint-layout tensors are freed (the 120b
         cannot hold both); the reference and dense-prefill paths then have no weights to read."""
-        from osserve.ops.moe_triton import prepare_mxfp4_experts
+        from osserve.ops.moe.layout import prepare_mxfp4_experts
 
         prepared = []
         for layer in self.model.layers:

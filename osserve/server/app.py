@@ -3,9 +3,6 @@ limit and metrics around any EngineClient (the real AsyncEngine, or a test stub)
 
 from __future__ import annotations
 
-import argparse
-import logging
-import threading
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -16,16 +13,13 @@ from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from osserve import __version__
-from osserve.engine.outputs import EngineClient
-from osserve.errors import ConfigError
+from osserve.engine.core.outputs import EngineClient
 from osserve.server import chat, completions, ollama, responses
 from osserve.server.errors import error_response, install_error_handlers
 from osserve.server.generation import ServerState
 from osserve.server.metrics import ServerMetrics
 from osserve.server.responses_store import ResponseStore
 from osserve.tokenizer import Tokenizer
-
-log = logging.getLogger("osserve")
 
 OPEN_PATHS = ("/health", "/metrics", "/docs", "/openapi.json", "/api/version")
 
@@ -101,58 +95,3 @@ def create_app(engine: EngineClient, tokenizer: Tokenizer, config: ServerConfig)
         return Response(state.metrics.render(), media_type="text/plain; version=0.0.4")
 
     return app
-
-
-def run_server(args: argparse.Namespace) -> int:
-    import uvicorn
-
-    from osserve.engine.async_engine import build_async_engine, engine_in_own_process
-
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    name = args.served_model_name or (args.model.rstrip("/").split("/")[-1] if args.model else
-                                      f"gpt-oss-{args.preset}" if args.preset else "osserve-builtin")
-    config = ServerConfig(model_name=name, api_key=args.api_key)
-    count = args.api_server_count
-    if count is None:  # on a GPU one HTTP process falls behind the engine (BENCHMARKS.md, twentieth session)
-        count = 2 if engine_in_own_process(args) else 1
-    if count < 1:
-        raise ConfigError("--api-server-count must be at least 1", "api_server_count")
-    if count > 1:
-        from osserve.server.api_servers import run_api_servers
-
-        return run_api_servers(args, count, config, lambda: _announce(args, name))
-    engine = build_async_engine(args)
-    app = create_app(engine, engine.tokenizer, config)
-    _announce(args, name)
-    try:
-        uvicorn.run(app, host=args.host, port=args.port, log_level="info")
-    finally:
-        engine.shutdown()
-    return 0
-
-
-def _announce(args: argparse.Namespace, name: str) -> None:
-    """Once the server is up: how to call it, and the showcase if asked for."""
-    base = f"http://{args.host}:{args.port}"
-    print(f"""
-osserve {__version__} serving '{name}' at {base}  (OpenAI: {base}/v1, Ollama: {base}/api)
-
-  curl {base}/v1/chat/completions -H 'Content-Type: application/json' \\
-    -d '{{"model": "{name}", "messages": [{{"role": "user", "content": "What is 2+2?"}}], "max_tokens": 64}}'
-
-  python -c "from openai import OpenAI; c = OpenAI(base_url='{base}/v1', api_key='{args.api_key or 'none'}'); \\
-r = c.chat.completions.create(model='{name}', max_tokens=64, messages=[{{'role': 'user', 'content': 'Hi'}}]); \\
-print(r.choices[0].message)"
-""", flush=True)
-    if getattr(args, "showcase", False):
-        threading.Thread(target=_showcase, args=(base, name, args.api_key), daemon=True).start()
-
-
-def _showcase(base: str, name: str, api_key: str | None) -> None:
-    from osserve.demo.showcase import run_showcase, wait_until_up
-
-    try:
-        wait_until_up(base)
-        run_showcase(base, name, api_key)
-    except Exception as exc:  # a showcase failure must not take the server down; say it instead
-        logging.getLogger("osserve").warning("showcase failed: %s", exc)

@@ -9,7 +9,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from osserve.engine.outputs import CompletionDelta
+from osserve.engine.core.outputs import CompletionDelta
 from osserve.errors import InvalidRequestError
 from osserve.harmony.render import ChatMessage, FunctionTool, RenderedPrompt, ToolCall, render_chat
 from osserve.harmony.stream import (

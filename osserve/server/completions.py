@@ -9,7 +9,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from osserve.engine.outputs import CompletionDelta, TokenLogprob
+from osserve.engine.core.outputs import CompletionDelta, TokenLogprob
 from osserve.errors import InvalidRequestError
 from osserve.server.generation import (
     ServerState,

@@ -11,8 +11,8 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from osserve.engine.outputs import CompletionDelta, EngineClient
-from osserve.engine.sampling_params import DEFAULT_STOP_TOKEN_IDS, SamplingParams
+from osserve.engine.core.outputs import CompletionDelta, EngineClient
+from osserve.engine.core.sampling_params import DEFAULT_STOP_TOKEN_IDS, SamplingParams
 from osserve.errors import ModelNotFoundError
 from osserve.server.metrics import ServerMetrics
 from osserve.server.responses_store import ResponseStore

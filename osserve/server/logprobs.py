@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from osserve.engine.outputs import TokenLogprob
+from osserve.engine.core.outputs import TokenLogprob
 from osserve.tokenizer import Tokenizer
 
 

@@ -18,7 +18,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.registry import Collector
 
-from osserve.engine.outputs import EngineStats
+from osserve.engine.core.outputs import EngineStats
 
 # prometheus_client's multiprocess directory, read when the library is imported: set in the
 # environment a server process starts with (server/api_servers.py).

@@ -14,7 +14,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from osserve import __version__
-from osserve.engine.outputs import CompletionDelta
+from osserve.engine.core.outputs import CompletionDelta
 from osserve.harmony.render import ChatMessage, FunctionTool, ToolCall, render_chat
 from osserve.harmony.stream import ContentDelta, HarmonyStreamParser, ReasoningDelta
 from osserve.server.generation import ServerState, generate, new_id, sampling_params, with_first

@@ -15,7 +15,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from osserve.engine.outputs import CompletionDelta
+from osserve.engine.core.outputs import CompletionDelta
 from osserve.errors import InvalidRequestError, ModelNotFoundError
 from osserve.harmony.render import ChatMessage, FunctionTool, ToolCall, render_chat
 from osserve.harmony.stream import (

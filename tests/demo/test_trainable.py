@@ -10,7 +10,7 @@ from osserve.config import ModelConfig
 from osserve.demo.compact import expand_compact, save_compact
 from osserve.demo.trainable import DEMO_CONFIG, DemoTrainable, dense_attention
 from osserve.model.weights import build_model, load_weights
-from osserve.ops.attention import paged_attention_reference
+from osserve.ops.attention.reference import paged_attention_reference
 from tests.model.contiguous import ContiguousCache
 
 FULL_VOCAB = 201088

@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from osserve.engine.core.sampling_params import SamplingParams
 from osserve.engine.engine import LLMEngine
 from osserve.engine.load import EngineArgs, build_engine
-from osserve.engine.sampling_params import SamplingParams
 from osserve.errors import ContextLengthError, InvalidRequestError
 
 MAX_TOKENS = 12

@@ -11,12 +11,12 @@ from __future__ import annotations
 from typing import Any
 
 from osserve.config import SchedulerConfig
-from osserve.engine.kv_cache import KVCacheManager, _RequestBlocks
-from osserve.engine.output_processor import OutputProcessor
-from osserve.engine.outputs import CompletionDelta, TokenLogprob
-from osserve.engine.request import PENDING_TOKEN, Request
-from osserve.engine.sampling_params import SamplingParams
-from osserve.engine.scheduler import RequestUpdate, Scheduler, SchedulerOutput
+from osserve.engine.core.kv_cache import KVCacheManager, _RequestBlocks
+from osserve.engine.core.output_processor import OutputProcessor
+from osserve.engine.core.outputs import CompletionDelta, TokenLogprob
+from osserve.engine.core.request import PENDING_TOKEN, Request
+from osserve.engine.core.sampling_params import SamplingParams
+from osserve.engine.core.scheduler import RequestUpdate, Scheduler, SchedulerOutput
 from osserve.tokenizer import load_tokenizer
 
 GROUPS = [("sliding", 128), ("full", None)]

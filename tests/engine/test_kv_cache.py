@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from osserve.engine.cuda_graphs import block_table_array
-from osserve.engine.kv_cache import HOLE, KVCacheManager, sliding_window_savings
-from osserve.engine.request import Request
-from osserve.engine.sampling_params import SamplingParams
+from osserve.engine.core.kv_cache import HOLE, KVCacheManager, sliding_window_savings
+from osserve.engine.core.request import Request
+from osserve.engine.core.sampling_params import SamplingParams
+from osserve.engine.worker.cuda_graphs import block_table_array
 
 BS = 16
 GROUPS = [("sliding", 128), ("full", None)]

@@ -1,4 +1,4 @@
-"""The layout a mixed step is padded to before its CUDA graph replays (engine/mixed_graphs.py):
+"""The layout a mixed step is padded to before its CUDA graph replays (engine/worker/mixed_graphs.py):
 plain numpy, so it is checked here; the replay itself is checked on the GPU (tests/gpu)."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from osserve.engine.mixed_graphs import QUERY_BUCKETS, TOKEN_BUCKETS, MixedGraphs, sequence_layout
+from osserve.engine.worker.mixed_graphs import QUERY_BUCKETS, TOKEN_BUCKETS, MixedGraphs, sequence_layout
 
 
 def test_real_sequences_then_padding_of_at_most_q_tokens_then_empty() -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
-from osserve.engine.outputs import CompletionDelta, TokenLogprob, coalesce
+from osserve.engine.core.outputs import CompletionDelta, TokenLogprob, coalesce
 
 
 def delta(i: int, finished: bool = False) -> CompletionDelta:

@@ -6,8 +6,8 @@ import math
 
 import torch
 
-from osserve.engine.sampler import Sampler, SamplingBatch, apply_min_p, apply_penalties, apply_top_k_top_p
-from osserve.engine.sampling_params import SamplingParams
+from osserve.engine.core.sampling_params import SamplingParams
+from osserve.engine.worker.sampler import Sampler, SamplingBatch, apply_min_p, apply_penalties, apply_top_k_top_p
 
 V = 8
 
@@ -115,7 +115,7 @@ def test_each_row_samples_as_alone_whatever_tensors_its_batch_builds() -> None:
 
 
 def test_greedy_ids_from_the_runner_are_taken_only_where_the_logits_are_unchanged() -> None:
-    """The runner's argmax (ops/head_triton.py) stands in for the sampler's own where every row is
+    """The runner's argmax (ops/linear/head_triton.py) stands in for the sampler's own where every row is
     greedy and no mask or penalty touched the logits; otherwise the sampler computes it. (The ids
     given here are deliberately not the argmax, to tell the two apart.)"""
     logits = torch.zeros(2, V)

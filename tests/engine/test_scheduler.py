@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 
 from osserve.config import SchedulerConfig
-from osserve.engine.kv_cache import KVCacheManager
-from osserve.engine.request import Request, RequestStatus
-from osserve.engine.sampling_params import SamplingParams
-from osserve.engine.scheduler import Scheduler
+from osserve.engine.core.kv_cache import KVCacheManager
+from osserve.engine.core.request import Request, RequestStatus
+from osserve.engine.core.sampling_params import SamplingParams
+from osserve.engine.core.scheduler import Scheduler
 
 GROUPS = [("sliding", 128), ("full", None)]
 

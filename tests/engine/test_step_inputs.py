@@ -7,9 +7,9 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from osserve.engine.cuda_graphs import BlockTableBuffer, DecodeGraphs, StepOutputs, block_table_array
-from osserve.engine.runner import BatchEntry, ModelRunner
-from osserve.engine.staged_inputs import StagedInputs
+from osserve.engine.worker.cuda_graphs import BlockTableBuffer, DecodeGraphs, StepOutputs, block_table_array
+from osserve.engine.worker.runner import BatchEntry, ModelRunner
+from osserve.engine.worker.staged_inputs import StagedInputs
 
 PENDING = -7  # stands for engine.PENDING_TOKEN: the runner only reads prev_row
 

@@ -16,7 +16,7 @@ TOL = 1e-2
 
 
 def run(case, is_decode: bool, **kw) -> torch.Tensor:
-    from osserve.ops.attention_triton import paged_attention_triton
+    from osserve.ops.attention.paged_triton import paged_attention_triton
 
     qsl, seq_lens = case.device_meta()
     out = torch.full_like(case.q, float("nan"))
@@ -66,7 +66,7 @@ def test_prefill(window: int | None, batch: str) -> None:
 @pytest.mark.parametrize("window", [None, WINDOW])
 def test_decode_cuda_graph_replays_at_new_lengths(window: int | None) -> None:
     """Capture at short lengths, grow the sequences in place, replay: still right."""
-    from osserve.ops.attention_triton import paged_attention_triton
+    from osserve.ops.attention.paged_triton import paged_attention_triton
 
     seqs = [(n, 1) for n in (4000, 6000, 8000, 500)]
     case = make_case(seqs, H, KVH, D, BS, window, torch.bfloat16, "cuda", seed=9)
@@ -93,7 +93,8 @@ def test_decode_cuda_graph_replays_at_new_lengths(window: int | None) -> None:
 
 
 def test_dispatch_through_metadata() -> None:
-    from osserve.ops.attention import AttentionMetadata, BlockTables, paged_attention
+    from osserve.ops.attention.dispatch import paged_attention
+    from osserve.ops.attention.metadata import AttentionMetadata, BlockTables
 
     seqs = [(300, 300), (1000, 1), (50, 7)]
     case = make_case(seqs, H, KVH, D, BS, WINDOW, torch.bfloat16, "cuda", seed=4)

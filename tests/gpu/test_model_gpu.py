@@ -20,9 +20,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from osserve.engine.kv_tensors import layer_groups
+from osserve.engine.core.sampling_params import SamplingParams
 from osserve.engine.load import EngineArgs, build_engine
-from osserve.engine.sampling_params import SamplingParams
+from osserve.engine.worker.kv_tensors import layer_groups
 from osserve.ops.dispatch import reference_ops
 from tests.model.contiguous import ContiguousCache
 
@@ -50,7 +50,7 @@ def greedy(engine, prompts: list[list[int]], steps: int) -> list[list[int]]:  # 
 def record_logits(runner, recorded: list[torch.Tensor], on_host: list[int] | None = None) -> None:  # type: ignore[no-untyped-def]
     """Make `runner` append a copy of every step's logits (the sampled rows) to `recorded` (a
     graph's output buffers are overwritten by its next replay), and check each step's greedy ids,
-    where the head computed them (ops/head_triton.py, inside the small decode graphs), against
+    where the head computed them (ops/linear/head_triton.py, inside the small decode graphs), against
     torch.argmax of those logits, and the copy the head wrote to pinned host memory, where it
     wrote one, against them (each such step counted in `on_host`)."""
     original = runner.run
@@ -175,7 +175,7 @@ def test_mixed_step_graphs_match_eager_mixed_steps(tiny_checkpoint: Path) -> Non
 
 def test_a_repeated_prompt_copies_its_cached_last_block(tiny_checkpoint: Path) -> None:
     """Copies of a 63-token prompt join a running decode with CUDA graphs and async scheduling: each
-    takes the cached full blocks and a copy of the prompt's last block (engine/kv_cache.py), made
+    takes the cached full blocks and a copy of the prompt's last block (engine/core/kv_cache.py), made
     on the device before the step, and computes only its last token, in the decode graph. The
     copies are exact, and the copies' greedy tokens agree with the fp32 reference as a fast-path
     run's must (test_mixed_step_graphs_match_eager_mixed_steps)."""
@@ -221,7 +221,7 @@ def test_a_repeated_prompt_copies_its_cached_last_block(tiny_checkpoint: Path) -
 
 FIRST_REQUESTS = """
 import sys, triton
-from osserve.engine.kv_tensors import layer_groups
+from osserve.engine.worker.kv_tensors import layer_groups
 from osserve.engine.load import EngineArgs, build_engine
 from osserve.server.generation import sampling_params
 engine = build_engine(EngineArgs(model=sys.argv[1], max_model_len=4096, kv_cache_gb=1))  # warms up on a GPU
@@ -281,7 +281,7 @@ def test_programmatic_dependent_launch_changes_no_bit(preset: str, monkeypatch: 
 def test_pending_tokens_read_in_the_graph_change_no_bit() -> None:
     """With async scheduling a decode step starts before the host has its input ids; after a step
     whose greedy ids the graph's head wrote, the next graph reads them in its embedding gather
-    (engine/cuda_graphs.py). Tokens and logits are bit for bit those of the same engine finishing
+    (engine/worker/cuda_graphs.py). Tokens and logits are bit for bit those of the same engine finishing
     every step before scheduling the next (the ids then come from the host). In both, the decode
     steps' ids reach the host through the head's own write to pinned memory, equal to the ids on
     the device (record_logits)."""

@@ -7,10 +7,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from osserve.ops import moe_gluon
-from osserve.ops.moe import moe_reference
-from osserve.ops.moe_swapped import fused_moe_swapped
-from osserve.ops.moe_triton import fused_moe_triton, prepare_mxfp4_experts
+from osserve.ops.moe import gluon as moe_gluon
+from osserve.ops.moe.layout import prepare_mxfp4_experts
+from osserve.ops.moe.reference import moe_reference
+from osserve.ops.moe.swapped import fused_moe_swapped
+from osserve.ops.moe.tiled import fused_moe_triton
 from tests.ops.moe_fixtures import random_experts, random_routing
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
@@ -103,7 +104,7 @@ def test_gluon_unreduced_output_sums_in_the_norm(layer, fragments, num_tokens: i
     norm's sum of squares is reduced across the warps, so its rounding depends on their number; at
     its default, more warps for unreduced rows, within a bf16 rounding). Batch 1 splits the down
     GEMM (S = 2)."""
-    from osserve.ops.norm_triton import add_rms_norm_triton, default_warps
+    from osserve.ops.norm.norm_triton import add_rms_norm_triton, default_warps
 
     x = torch.randn(num_tokens, HIDDEN, device="cuda").bfloat16()
     res = torch.randn(num_tokens, HIDDEN, device="cuda").bfloat16()
@@ -128,8 +129,9 @@ def test_gluon_takes_the_routers_plan(layer, fragments, num_tokens: int) -> None
     builds itself (align_tokens: expert order)."""
     from dataclasses import replace
 
-    from osserve.ops.moe import fused_moe
-    from osserve.ops.router import route_with_plan, router_counters
+    from osserve.ops.moe.dispatch import fused_moe
+    from osserve.ops.router.counters import router_counters
+    from osserve.ops.router.dispatch import route_with_plan
 
     experts = replace(layer[0], prepared=fragments)
     x = torch.randn(num_tokens, HIDDEN, device="cuda").bfloat16()
@@ -181,7 +183,7 @@ def test_gluon_small_shapes() -> None:
 @pytest.mark.parametrize("num_tokens,mode", [(600, "uniform"), (3000, "skewed"), (3000, "sparse")])
 def test_dense_prefill_path_matches_float32_reference(layer, num_tokens: int, mode: str) -> None:
     """Whole prompts: per-expert dequantisation + cuBLAS, the one-pass SwiGLU and combine kernels."""
-    from osserve.ops.moe_dense import moe_prefill_dense
+    from osserve.ops.moe.dense import moe_prefill_dense
 
     experts, _ = layer
     x = torch.randn(num_tokens, HIDDEN, device="cuda").bfloat16()

@@ -8,14 +8,16 @@ import pytest
 import torch
 
 from osserve.config import YarnRope
-from osserve.ops.moe_align import align_tokens
-from osserve.ops.norm import add_rms_norm_reference, rms_norm_reference
-from osserve.ops.norm_triton import add_rms_norm_triton, rms_norm_triton
-from osserve.ops.rope import RopeTable, rope_and_cache_reference, rope_and_cache_table_reference
-from osserve.ops.rope_triton import rope_and_cache_triton
-from osserve.ops.router import add_norm_route_with_plan, route, route_reference, route_with_plan, router_counters
-from osserve.ops.router_gemm_triton import router_gemm_topk_triton
-from osserve.ops.router_triton import route_triton
+from osserve.ops.moe.plan import align_tokens
+from osserve.ops.norm.norm_triton import add_rms_norm_triton
+from osserve.ops.norm.reference import add_rms_norm_reference, rms_norm_reference
+from osserve.ops.rope.reference import RopeTable, rope_and_cache_reference, rope_and_cache_table_reference
+from osserve.ops.rope.rope_triton import rope_and_cache_triton
+from osserve.ops.router.counters import router_counters
+from osserve.ops.router.dispatch import add_norm_route_with_plan, route, route_with_plan
+from osserve.ops.router.fused_triton import router_gemm_topk_triton
+from osserve.ops.router.reference import route_reference
+from osserve.ops.router.topk_triton import route_triton
 from tests.ops.moe_fixtures import plan_tiles
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
@@ -40,7 +42,7 @@ def test_norms_gpu(t: int) -> None:
     ref_out, ref_sum = add_rms_norm_reference(x, res, w, 1e-5)
     assert torch.equal(summed, ref_sum)  # both round the fp32 sum to nearest bf16
     rel_close(out, ref_out)
-    rel_close(rms_norm_triton(x, w, 1e-5), rms_norm_reference(x, w, 1e-5))
+    rel_close(add_rms_norm_triton(x, None, w, 1e-5)[0], rms_norm_reference(x, w, 1e-5))
     r = res.clone()
     out2, summed2 = add_rms_norm_triton(x, r, w, 1e-5, inplace=True)
     assert summed2 is r and torch.equal(r, ref_sum) and torch.equal(out2, out)
@@ -166,8 +168,8 @@ def test_fused_router_gpu(t: int, e: int, split: int | None) -> None:
                                       (HIDDEN, HEADS * HEAD_DIM), (201088, HIDDEN)])
 def test_small_m_linear_matches_f_linear(t: int, n: int, k: int) -> None:
     """The decode projections (fused qkv, o, lm_head) in bf16 against F.linear in float32."""
-    from osserve.ops.linear import linear
-    from osserve.ops.linear_triton import small_m_linear_triton
+    from osserve.ops.linear.dispatch import linear
+    from osserve.ops.linear.small_m_triton import small_m_linear_triton
 
     g = torch.Generator(device="cuda").manual_seed(t + n)
     x = torch.randn(t, k, device="cuda", generator=g).bfloat16()
@@ -188,12 +190,12 @@ def test_small_m_linear_matches_f_linear(t: int, n: int, k: int) -> None:
 
 @pytest.mark.parametrize("t", [1, 2, 17, 32])
 def test_logits_and_greedy_on_the_real_vocab(t: int) -> None:
-    """The head's fused kernel (ops/head_triton.py) at gpt-oss's lm_head: with the small-M linear's
+    """The head's fused kernel (ops/linear/head_triton.py) at gpt-oss's lm_head: with the small-M linear's
     config its float32 logits are bit for bit that kernel's bf16 output cast up; with its own
     one-token config (another K order) within a bf16 rounding of them and exactly bf16 values; its greedy
     ids are torch.argmax's, ties included (rows 5 and 150,001 duplicated; token 0 prefers them)."""
-    from osserve.ops.head_triton import logits_and_greedy_triton
-    from osserve.ops.linear_triton import DEFAULT_CONFIG, small_m_linear_triton
+    from osserve.ops.linear.head_triton import logits_and_greedy_triton
+    from osserve.ops.linear.small_m_triton import DEFAULT_CONFIG, small_m_linear_triton
 
     g = torch.Generator(device="cuda").manual_seed(t)
     x = torch.randn(t, HIDDEN, device="cuda", generator=g).bfloat16()
@@ -211,8 +213,8 @@ def test_logits_and_greedy_on_the_real_vocab(t: int) -> None:
 def test_fused_sampler_on_the_real_vocab() -> None:
     """The Sampler's fused path (temperature only) at gpt-oss's vocab: draws follow the tempered
     softmax, and a seeded row draws the same token alone and in a batch."""
-    from osserve.engine.sampler import Sampler, SamplingBatch
-    from osserve.engine.sampling_params import SamplingParams
+    from osserve.engine.core.sampling_params import SamplingParams
+    from osserve.engine.worker.sampler import Sampler, SamplingBatch
 
     vocab, n = 201088, 4000
     g = torch.Generator(device="cuda").manual_seed(0)
@@ -319,8 +321,8 @@ def test_logits_and_greedy_with_nan_on_the_real_vocab() -> None:
     """NaN logits on the GPU (head_triton.py): as torch.argmax, the first NaN wins, even where a
     larger number comes first (token 0: NaN at rows 7,000 and 150,000, 10.0 at row 5), and an all-NaN
     row gives 0 (token 1), never an id past the vocabulary."""
-    from osserve.ops.head_triton import logits_and_greedy_triton
-    from osserve.ops.linear_triton import DEFAULT_CONFIG
+    from osserve.ops.linear.head_triton import logits_and_greedy_triton
+    from osserve.ops.linear.small_m_triton import DEFAULT_CONFIG
 
     g = torch.Generator(device="cuda").manual_seed(0)
     x = torch.randn(2, HIDDEN, device="cuda", generator=g).bfloat16()
@@ -338,8 +340,8 @@ def test_logits_and_greedy_with_nan_on_the_real_vocab() -> None:
 def test_qkv_rope_cache_gpu(t: int) -> None:
     """Projection + RoPE + KV-cache write in one kernel against the two kernels it replaces
     (small-M linear, then rope_and_cache_triton gathering the table by position), bf16, 20b shapes."""
-    from osserve.ops.linear import linear
-    from osserve.ops.qkv_rope_triton import qkv_rope_cache_triton
+    from osserve.ops.linear.dispatch import linear
+    from osserve.ops.rope.qkv_rope_triton import qkv_rope_cache_triton
 
     g = torch.Generator(device="cuda").manual_seed(t)
     rows = (HEADS + 2 * KV_HEADS) * HEAD_DIM

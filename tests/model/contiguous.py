@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from osserve.model.gpt_oss import FULL_GROUP, SLIDING_GROUP, GptOssForCausalLM, KVCache
-from osserve.ops.attention import AttentionMetadata, BlockTables
+from osserve.ops.attention.metadata import AttentionMetadata, BlockTables
 
 
 class ContiguousCache:

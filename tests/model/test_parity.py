@@ -14,10 +14,10 @@ import pytest
 import torch
 
 import osserve.model.gpt_oss as gpt_oss_module
-import osserve.ops.moe as moe_module
-import osserve.ops.router as router_module
+import osserve.ops.moe.reference as moe_module
+import osserve.ops.router.dispatch as router_module
 from osserve.model.weights import load_model
-from osserve.ops.rope import rope_cos_sin
+from osserve.ops.rope.reference import rope_cos_sin
 from tests.model.contiguous import ContiguousCache
 
 PROMPT_LENS = (300, 317, 129)

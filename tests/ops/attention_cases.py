@@ -66,7 +66,7 @@ def make_case(
 
 def reference(case: Case) -> torch.Tensor:
     """The spec on float32 copies."""
-    from osserve.ops.attention import paged_attention_reference
+    from osserve.ops.attention.reference import paged_attention_reference
 
     return paged_attention_reference(
         case.q.float(), case.k_cache.float(), case.v_cache.float(), case.sinks.float(),

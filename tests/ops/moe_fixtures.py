@@ -1,4 +1,4 @@
-"""Random MXFP4 experts and routings, shared by the MoE kernel tests and benchmarks/bench_moe.py."""
+"""Random MXFP4 experts and routings, shared by the MoE kernel tests and benchmarks."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from types import ModuleType
 import pytest
 import torch
 
-from osserve.ops.moe import ExpertWeights
+from osserve.ops.moe.weights import ExpertWeights
 
 
 def plan_tiles(plan) -> tuple[int, list[tuple[int, list[int]]]]:  # noqa: ANN001

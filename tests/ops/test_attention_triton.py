@@ -19,7 +19,7 @@ DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 
 def run_kernel(case, is_decode: bool, **overrides) -> torch.Tensor:
-    from osserve.ops.attention_triton import paged_attention_triton
+    from osserve.ops.attention.paged_triton import paged_attention_triton
 
     qsl, seq_lens = case.device_meta()
     out = torch.full_like(case.q, float("nan"))  # poison: every row must be written
@@ -95,8 +95,8 @@ def test_decode_path_equals_prefill_path() -> None:
 
 
 def test_write_kv_matches_reference() -> None:
-    from osserve.ops.attention import write_kv_reference
-    from osserve.ops.attention_triton import write_kv_triton
+    from osserve.ops.attention.paged_triton import write_kv_triton
+    from osserve.ops.attention.reference import write_kv_reference
 
     gen = torch.Generator().manual_seed(5)
     k = torch.randn(9, 2, 16, generator=gen).to(DEVICE)

@@ -1,4 +1,4 @@
-"""The logits projection with its greedy choice (ops/head_triton.py) against F.linear and
+"""The logits projection with its greedy choice (ops/linear/head_triton.py) against F.linear and
 torch.argmax (TRITON_INTERPRET=1, CPU, float32: the interpreter's bf16 tl.dot is wrong, so bf16 is
 tested on the GPU, tests/gpu/test_small_ops_gpu.py): ties won by the first row within a block and
 across blocks, ragged N and K, 1 to 32 tokens."""
@@ -9,8 +9,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from osserve.ops.head_triton import fits_logits_triton, logits_and_greedy_triton
-from osserve.ops.linear_triton import MAX_TOKENS, LinearConfig
+from osserve.ops.linear.head_triton import fits_logits_triton, logits_and_greedy_triton
+from osserve.ops.linear.small_m_triton import MAX_TOKENS, LinearConfig
 
 SMALL = LinearConfig(16, 32, 4, 2)
 
@@ -67,7 +67,7 @@ def test_nan_logits_choose_the_first_nan_as_torch_argmax() -> None:
 def test_ids_into_given_buffers_and_a_row_of_the_host_ring() -> None:
     """greedy_out receives the ids; host_out's ring gets them in the row its slot names, and its
     other row is left as it was."""
-    from osserve.ops.head_triton import HostIds
+    from osserve.ops.linear.head_triton import HostIds
 
     g = torch.Generator().manual_seed(5)
     x, w = torch.randn(3, 64, generator=g), torch.randn(50, 64, generator=g)

@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from osserve.ops.linear_triton import (
+from osserve.ops.linear.small_m_triton import (
     DEFAULT_CONFIG,
     MAX_TOKENS,
     LinearConfig,
@@ -38,7 +38,7 @@ def test_small_m_linear_matches_f_linear(m: int, n: int, k: int, config: LinearC
 def test_k_split_leaves_float32_partials(m: int, k: int, splits: int, expected_splits: int) -> None:
     """splits > 1: [S, M, 1, N] float32 partials of whole 32-column steps (the last one ragged where
     K is), the bias in the first only; their sum is the linear, and add_rms_norm takes them as x."""
-    from osserve.ops.norm_triton import add_rms_norm_triton
+    from osserve.ops.norm.norm_triton import add_rms_norm_triton
 
     g = torch.Generator().manual_seed(m + k)
     x, w, b = torch.randn(m, k, generator=g), torch.randn(40, k, generator=g), torch.randn(40, generator=g)

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import torch
 
-from osserve.ops.moe import moe_reference
+from osserve.ops.moe.reference import moe_reference
 from tests.ops.moe_fixtures import random_experts, random_routing
 
 
 def test_triton_dequant_and_dense_prefill_path() -> None:
-    from osserve.ops.moe_dense import dequantize_mxfp4_triton, moe_prefill_dense
-    from osserve.ops.mxfp4 import dequantize_mxfp4
+    from osserve.ops.moe.dense import dequantize_mxfp4_triton, moe_prefill_dense
+    from osserve.ops.mxfp4.reference import dequantize_mxfp4
 
     torch.manual_seed(5)
     ex = random_experts(4, 64, 64)
@@ -25,8 +25,8 @@ def test_triton_dequant_and_dense_prefill_path() -> None:
 def test_swiglu_kernel_matches_reference() -> None:
     """Interleaved gate/up [N, 2I] + bias -> [N, I] with I not a multiple of the kernel's block,
     written into rows of a wider buffer; values past the limit on both sides."""
-    from osserve.ops.moe import swiglu
-    from osserve.ops.moe_dense import swiglu_into
+    from osserve.ops.moe.dense import swiglu_into
+    from osserve.ops.moe.reference import swiglu
 
     torch.manual_seed(6)
     h = torch.randn(5, 2 * 1100) * 6

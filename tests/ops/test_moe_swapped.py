@@ -9,11 +9,12 @@ from dataclasses import replace
 import pytest
 import torch
 
-from osserve.ops import moe_align, moe_swapped
-from osserve.ops.moe import moe_reference
-from osserve.ops.moe_swapped import SwappedConfig, fused_moe_swapped, split_k
-from osserve.ops.moe_triton import prepare_mxfp4_experts
-from osserve.ops.norm_triton import add_rms_norm_triton
+from osserve.ops.moe import plan as moe_align
+from osserve.ops.moe import swapped as moe_swapped
+from osserve.ops.moe.layout import prepare_mxfp4_experts
+from osserve.ops.moe.reference import moe_reference
+from osserve.ops.moe.swapped import SwappedConfig, fused_moe_swapped, split_k
+from osserve.ops.norm.norm_triton import add_rms_norm_triton
 from tests.ops.moe_fixtures import poison_fresh_buffers, random_experts, random_routing
 
 LIMIT = 7.0

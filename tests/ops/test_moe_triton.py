@@ -5,10 +5,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from osserve.ops import moe_align, moe_triton
-from osserve.ops.moe import fused_moe, moe_reference
-from osserve.ops.moe_align import align_tokens
-from osserve.ops.moe_triton import MoEConfig, fused_moe_triton, prepare_mxfp4_experts
+from osserve.ops.moe import plan as moe_align
+from osserve.ops.moe import tiled as moe_triton
+from osserve.ops.moe.dispatch import fused_moe
+from osserve.ops.moe.layout import prepare_mxfp4_experts
+from osserve.ops.moe.plan import align_tokens
+from osserve.ops.moe.reference import moe_reference
+from osserve.ops.moe.tiled import MoEConfig, fused_moe_triton
 from tests.ops.moe_fixtures import poison_fresh_buffers, random_experts, random_routing
 
 LIMIT = 7.0
@@ -90,5 +93,5 @@ def test_fused_moe_dispatch_keeps_reference_on_cpu() -> None:
     x = torch.randn(3, 64)
     weights, ids = random_routing(3, 4, 2)
     ref = moe_reference(x, weights, ids, experts, LIMIT)
-    experts.prepare(keep_original=True)  # CPU tensors: fused_moe still takes the reference path
+    experts.prepared = prepare_mxfp4_experts(experts)  # CPU tensors: fused_moe still takes the reference path
     torch.testing.assert_close(fused_moe(x, weights, ids, experts, LIMIT), ref)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from osserve.ops.mxfp4 import dequantize_mxfp4, quantize_mxfp4
+from osserve.ops.mxfp4.reference import dequantize_mxfp4, quantize_mxfp4
 
 E2M1 = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0]
 

@@ -7,8 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from osserve.ops.mxfp4 import dequantize_mxfp4
-from osserve.ops.mxfp4_fragments import (
+from osserve.ops.mxfp4.fragments import (
     BIT_PLACES,
     DEQUANT_PTX,
     emulate_dequant,
@@ -18,6 +17,7 @@ from osserve.ops.mxfp4_fragments import (
     untile_words,
     word_columns,
 )
+from osserve.ops.mxfp4.reference import dequantize_mxfp4
 
 
 @pytest.mark.parametrize("k", [64, 128, 192, 320, 2880])
@@ -92,7 +92,7 @@ def test_k_must_be_whole_64_column_steps() -> None:
 def test_prepared_gate_up_rows_pair_gate_and_up_of_eight_columns() -> None:
     """prepare_mxfp4_experts(fragments=True): each 16 rows of gate/up are 8 columns' gates, then
     the same columns' ups (row r and r + 8 in one MMA thread: moe_gluon.py's _split_pairs)."""
-    from osserve.ops.moe_triton import prepare_mxfp4_experts
+    from osserve.ops.moe.layout import prepare_mxfp4_experts
     from tests.ops.moe_fixtures import random_experts
 
     torch.manual_seed(3)

@@ -5,8 +5,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from osserve.ops.norm import PendingTokens, add_rms_norm_reference, embed_rms_norm_reference, rms_norm_reference
-from osserve.ops.norm_triton import add_rms_norm_triton, embed_rms_norm_triton
+from osserve.ops.norm.norm_triton import add_rms_norm_triton, embed_rms_norm_triton
+from osserve.ops.norm.reference import (
+    PendingTokens,
+    add_rms_norm_reference,
+    embed_rms_norm_reference,
+    rms_norm_reference,
+)
 
 
 @pytest.mark.parametrize("t", [1, 3, 17])

@@ -10,8 +10,9 @@ import pytest
 import torch
 
 from osserve.config import YarnRope
-from osserve.ops.qkv_rope_triton import fits_qkv_rope, qkv_rope_cache_triton
-from osserve.ops.rope import RopeTable, qkv_rope_and_cache, rope_and_cache_table_reference
+from osserve.ops.rope.dispatch import qkv_rope_and_cache
+from osserve.ops.rope.qkv_rope_triton import fits_qkv_rope, qkv_rope_cache_triton
+from osserve.ops.rope.reference import RopeTable, rope_and_cache_table_reference
 from tests.ops.test_small_ops_triton import POISON, close
 
 

@@ -6,11 +6,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from osserve.ops.moe_align import align_tokens
-from osserve.ops.norm import add_rms_norm_reference
-from osserve.ops.norm_triton import add_rms_norm_triton
-from osserve.ops.router import add_norm_route_with_plan, route_reference, route_with_plan, router_counters
-from osserve.ops.router_gemm_triton import (
+from osserve.ops.moe.plan import align_tokens
+from osserve.ops.norm.norm_triton import add_rms_norm_triton
+from osserve.ops.norm.reference import add_rms_norm_reference
+from osserve.ops.router.counters import router_counters
+from osserve.ops.router.dispatch import add_norm_route_with_plan, route_with_plan
+from osserve.ops.router.fused_triton import (
     NormInput,
     fits_fused_router,
     fits_router_norm,
@@ -19,6 +20,7 @@ from osserve.ops.router_gemm_triton import (
     router_norm_plan_triton,
     router_plan_triton,
 )
+from osserve.ops.router.reference import route_reference
 from tests.ops.moe_fixtures import plan_tiles
 
 

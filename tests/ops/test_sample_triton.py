@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from osserve.ops.sample_triton import gumbel_argmax_triton
+from osserve.ops.sampling.gumbel_triton import gumbel_argmax_triton
 
 
 def test_draws_follow_the_tempered_softmax() -> None:

@@ -6,8 +6,8 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 
-from osserve.engine.outputs import CompletionDelta, EngineStats
-from osserve.engine.sampling_params import SamplingParams
+from osserve.engine.core.outputs import CompletionDelta, EngineStats
+from osserve.engine.core.sampling_params import SamplingParams
 from osserve.errors import ContextLengthError
 from osserve.tokenizer import load_tokenizer
 

@@ -15,8 +15,8 @@ import pytest
 
 from osserve.demo.compact import expand_compact
 from osserve.demo.weights import DEMO_WEIGHTS
+from osserve.engine.core.outputs import error_delta
 from osserve.engine.load import EngineArgs
-from osserve.engine.outputs import error_delta
 from osserve.engine.process_engine import ServerLinks
 from osserve.errors import ConfigError
 from osserve.server.api_servers import ApiServers, ServerSpec

@@ -75,7 +75,7 @@ def test_an_engine_that_cannot_start_says_why(tmp_path: Path) -> None:
 def test_a_killed_engine_fails_open_requests_instead_of_hanging(tmp_path: Path) -> None:
     import asyncio
 
-    from osserve.engine.sampling_params import SamplingParams
+    from osserve.engine.core.sampling_params import SamplingParams
 
     eng = ProcessEngine.start(EngineArgs(model=str(expand_compact(DEMO_WEIGHTS, tmp_path)), device="cpu",
                                    max_model_len=1024))
@@ -98,7 +98,7 @@ def test_a_killed_engine_fails_open_requests_instead_of_hanging(tmp_path: Path) 
 def _lockstep_engine_main(args: EngineArgs, links) -> None:  # type: ignore[no-untyped-def]
     """A model-free engine child: once `args.max_num_seqs` requests are in, every step sends one
     token to each of them in a single message (token = 1000 * request number + step)."""
-    from osserve.engine.outputs import CompletionDelta, EngineStats
+    from osserve.engine.core.outputs import CompletionDelta, EngineStats
 
     links.announce(("ready", {"max_model_len": 1024, "max_waiting": 100}))
     running: dict[str, int] = {}
@@ -117,7 +117,7 @@ def test_one_step_message_reaches_every_request_in_order() -> None:
     tokens, in order, and finishes (the reader hands a whole step to the event loop at once)."""
     import asyncio
 
-    from osserve.engine.sampling_params import SamplingParams
+    from osserve.engine.core.sampling_params import SamplingParams
 
     eng = ProcessEngine.start(EngineArgs(max_num_seqs=20), engine_main=_lockstep_engine_main)
 
@@ -143,7 +143,7 @@ def test_outputs_cross_the_pipe_unchanged() -> None:
     """Plain deltas travel as tuples, the rest as objects: what the server reads back is equal."""
     from multiprocessing.reduction import ForkingPickler
 
-    from osserve.engine.outputs import CompletionDelta, TokenLogprob, error_delta
+    from osserve.engine.core.outputs import CompletionDelta, TokenLogprob, error_delta
     from osserve.engine.process_engine import _Rejected, pack_outputs, unpack_output
 
     def delta(**kw: object) -> CompletionDelta:

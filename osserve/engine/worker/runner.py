@@ -1,0 +1,177 @@
+"""ModelRunner: one scheduled batch -> tensors -> model.forward -> logits of the rows to sample.
+
+It knows tensors and nothing of requests: the engine hands it `BatchEntry`s (token ids, first
+position, block tables, whether to sample) built from the scheduler's plain-Python output.
+All metadata is built once per step on the host (numpy: at batch 256 the host's work rivals the
+GPU's) and copied in one go, so no layer syncs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from osserve.engine.core.kv_cache import BlockCopy
+from osserve.engine.worker.cuda_graphs import DecodeGraphs, block_table_array, flat_tokens, slot_mapping
+from osserve.engine.worker.kv_tensors import layer_groups
+from osserve.engine.worker.mixed_graphs import MixedGraphs
+from osserve.model.gpt_oss import GptOssForCausalLM, KVCache
+from osserve.ops.attention.metadata import AttentionMetadata, BlockTables
+
+
+@dataclass(slots=True)
+class BatchEntry:
+    """One sequence's part of a step: `token_ids` at positions start_pos, start_pos+1, ..."""
+
+    token_ids: list[int]
+    start_pos: int
+    block_tables: dict[str, list[int]]  # by layer group; -1 where a block was freed
+    sample: bool  # the last row's logits are wanted (this chunk reaches the sequence's end)
+    # Async scheduling: the last token is still on the device, row `prev_row` of the previous
+    # step's sampled ids (token_ids holds PENDING_TOKEN there); -1 when every token is known.
+    prev_row: int = -1
+
+
+@dataclass
+class StepLogits:
+    """What a step leaves for the sampler."""
+
+    logits: torch.Tensor  # [S, vocab] float32 for the entries with sample=True, in their order
+    greedy: torch.Tensor | None  # [S] int64 their argmax where it came with them (compute_logits_and_greedy)
+    greedy_host: torch.Tensor | None = None  # the same ids in pinned host memory, written by the step itself
+
+
+@dataclass
+class ModelInput:
+    input_ids: torch.Tensor  # [T]
+    positions: torch.Tensor  # [T]
+    meta: AttentionMetadata
+    sample_rows: torch.Tensor  # [S] rows of the flat batch whose logits are wanted
+
+
+class ModelRunner:
+    def __init__(
+        self, model: GptOssForCausalLM, kv_caches: list[KVCache], block_size: int,
+        device: torch.device,
+    ) -> None:
+        self.model = model
+        self.kv_caches = kv_caches
+        self.block_size = block_size
+        self.device = device
+        self.pin = device.type == "cuda"
+        self.graphs: DecodeGraphs | None = None
+        self.mixed: MixedGraphs | None = None
+
+    def capture_decode_graphs(self, groups: list[str], max_model_len: int, max_batch: int,
+                              mixed: bool = True) -> None:
+        """Record decode steps (and, with `mixed`, steps of new prompts beside decodes) as CUDA
+        graphs (the runner, not the model, decides this)."""
+        self.graphs = DecodeGraphs(self.model, self.kv_caches, groups, self.block_size, max_model_len, max_batch)
+        self.graphs.capture()
+        if mixed:
+            self.mixed = MixedGraphs(self.model, self.kv_caches, groups, self.block_size, max_model_len, max_batch)
+            self.mixed.capture(self.graphs.pool)
+
+    def _to_device(self, data: np.ndarray) -> torch.Tensor:
+        t = torch.from_numpy(data)
+        return (t.pin_memory() if self.pin else t).to(self.device, non_blocking=True)
+
+    def prepare(self, entries: list[BatchEntry]) -> ModelInput:
+        ids, pos, query_lens, seq_lens = flat_tokens([e.token_ids for e in entries], [e.start_pos for e in entries])
+        starts = np.zeros(len(entries) + 1, dtype=np.int32)
+        np.cumsum(query_lens, out=starts[1:])
+        tables: dict[str, BlockTables] = {}
+        seq_of_token = np.repeat(np.arange(len(entries)), query_lens)
+        for g in entries[0].block_tables if entries else []:
+            rows = block_table_array([e.block_tables[g] for e in entries], len(entries))
+            slots = slot_mapping(rows, seq_of_token, pos, self.block_size)
+            tables[g] = BlockTables(block_tables=self._to_device(rows), slot_mapping=self._to_device(slots))
+        meta = AttentionMetadata(
+            query_start_loc=self._to_device(starts),
+            seq_lens=self._to_device(np.asarray(seq_lens, dtype=np.int32)),
+            query_lens_host=query_lens,
+            seq_lens_host=seq_lens,
+            groups=tables,
+        )
+        return ModelInput(input_ids=self._to_device(ids), positions=self._to_device(pos), meta=meta,
+                          sample_rows=self._to_device(sample_rows(entries, query_lens)))
+
+    def fill_pending(self, input_ids: torch.Tensor, entries: list[BatchEntry], prev_tokens: torch.Tensor | None,
+                     ) -> None:
+        """Write the tokens still on the device (async scheduling) into input_ids, in place: the
+        last row of each entry with prev_row >= 0 takes prev_tokens[prev_row]. No host sync."""
+        if prev_tokens is None:
+            return
+        n = len(entries)
+        prev_rows = np.fromiter((e.prev_row for e in entries), dtype=np.int64, count=n)
+        pending = np.flatnonzero(prev_rows >= 0)
+        if not len(pending):
+            return
+        ends = np.cumsum(np.fromiter((len(e.token_ids) for e in entries), dtype=np.int64, count=n)) - 1
+        rows, prev = ends[pending], prev_rows[pending]
+        p = len(pending)
+        if rows[-1] == p - 1 and np.array_equal(rows, prev):  # rows rise strictly: rows == 0..P-1
+            # Rows 0..P-1 take prev_tokens[0..P-1] (steady decode: the same batch as the step before):
+            # one device copy, instead of an index upload, a gather and a scatter.
+            input_ids[:p].copy_(prev_tokens[:p])
+            return
+        index = self._to_device(np.stack([rows, prev]))  # [2, P]: (flat row, prev row)
+        input_ids.index_copy_(0, index[0], prev_tokens[index[1]].to(input_ids.dtype))
+
+    def copy_blocks(self, copies: list[BlockCopy]) -> None:
+        """Each copy's source block into its destination, k and v, in every layer of its group."""
+        for group, layers in layer_groups(self.model.config).items():
+            pairs = [(c.src, c.dst) for c in copies if c.group == group]
+            if not pairs:
+                continue
+            src, dst = self._to_device(np.asarray(pairs, dtype=np.int64).T.copy())
+            for layer in layers:
+                for cache in self.kv_caches[layer]:
+                    cache.index_copy_(0, dst, cache.index_select(0, src))
+
+    @torch.inference_mode()
+    def run(self, entries: list[BatchEntry], prev_tokens: torch.Tensor | None = None,
+            copies: list[BlockCopy] | None = None) -> StepLogits:
+        """The logits of the entries with sample=True, and their greedy ids where they came with
+        them. prev_tokens: the previous step's sampled ids, on the device (see BatchEntry.prev_row).
+        copies: KV blocks to copy first (newcomers' cached last blocks, kv_cache.py)."""
+        if copies:
+            self.copy_blocks(copies)
+        if self.graphs is not None and self.graphs.can_run(len(entries)) and all(
+            len(e.token_ids) == 1 and e.sample for e in entries
+        ):
+            in_graph = self.graphs.holds(prev_tokens)  # the graph reads the pending tokens itself
+            out = self.graphs.run(
+                [e.token_ids[0] for e in entries], [e.start_pos for e in entries],
+                [e.start_pos + 1 for e in entries],
+                {g: [e.block_tables[g] for e in entries] for g in entries[0].block_tables},
+                fill_pending=None if in_graph else lambda ids: self.fill_pending(ids, entries, prev_tokens),
+                pending_rows=np.fromiter((e.prev_row for e in entries), dtype=np.int64, count=len(entries))
+                if in_graph else None,
+            )
+            if out.logits is not None:  # the graph took the head
+                return StepLogits(out.logits, out.greedy, out.greedy_host)
+            return StepLogits(*self.model.compute_logits_and_greedy(out.hidden))
+        if self.mixed is not None:
+            query_lens = [len(e.token_ids) for e in entries]
+            shape = self.mixed.shape_for(query_lens)
+            if shape is not None:
+                hidden = self.mixed.run(
+                    [e.token_ids for e in entries], [e.start_pos for e in entries],
+                    {g: [e.block_tables[g] for e in entries] for g in entries[0].block_tables}, shape,
+                    fill_pending=lambda ids: self.fill_pending(ids, entries, prev_tokens),
+                )
+                rows = hidden[self._to_device(sample_rows(entries, query_lens))]
+                return StepLogits(*self.model.compute_logits_and_greedy(rows))
+        inp = self.prepare(entries)
+        self.fill_pending(inp.input_ids, entries, prev_tokens)
+        hidden = self.model(inp.input_ids, inp.positions, inp.meta, self.kv_caches)
+        return StepLogits(*self.model.compute_logits_and_greedy(hidden[inp.sample_rows]))
+
+
+def sample_rows(entries: list[BatchEntry], query_lens: list[int]) -> np.ndarray:
+    """int64 rows of the flat batch whose logits are wanted: each sampling entry's last token."""
+    ends = np.cumsum(query_lens, dtype=np.int64) - 1
+    return ends[np.fromiter((e.sample for e in entries), dtype=bool, count=len(entries))]

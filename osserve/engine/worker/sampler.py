@@ -1,0 +1,217 @@
+"""Sampler: batched token choice on the device.
+
+Per step the engine builds one SamplingBatch (per-row settings as tensors), then:
+penalties → (greedy rows: argmax) → temperature → top-k → top-p → min-p → exponential race.
+The race (argmax of p / Exp(1) noise) samples from p; a seeded request draws its noise from its
+own generator, so its tokens do not depend on which other requests share the batch.
+Logprobs are those of the raw model distribution (vLLM's default), before penalties/temperature.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from osserve.engine.core.outputs import TokenLogprob
+from osserve.engine.core.sampling_params import SamplingParams
+from osserve.ops.dispatch import use_triton
+
+
+@dataclass
+class Penalties:
+    repetition: torch.Tensor  # [B]
+    frequency: torch.Tensor  # [B]
+    presence: torch.Tensor  # [B]
+    output_counts: torch.Tensor  # [B, V] counts of each generated token
+    seen: torch.Tensor  # [B, V] bool: token in prompt or output (repetition penalty)
+
+
+@dataclass
+class SamplingBatch:
+    """Per-row settings. A tensor is built only when some row needs it (each costs a pass over
+    the rows, a pinned copy and a launch per step): a batch of greedy rows builds none."""
+
+    temperature: torch.Tensor | None  # [B] float32; 0 marks greedy rows. None: every row is greedy
+    top_k: torch.Tensor | None  # [B] int64; vocab size where disabled. None: no row limits it
+    top_p: torch.Tensor | None  # [B] float32. None: every row keeps 1.0
+    min_p: torch.Tensor | None  # [B] float32. None: every row has 0
+    penalties: Penalties | None  # None: no row has a penalty
+    mask_stop: dict[int, list[int]]  # row -> stop ids banned until its min_tokens are out
+    forced: dict[int, int]  # row -> the scripted token it emits this step
+    generators: list[torch.Generator | None]
+    num_logprobs: int | None  # most top logprobs any row asked for
+
+    @property
+    def all_greedy(self) -> bool:
+        return self.temperature is None
+
+    @classmethod
+    def build(
+        cls,
+        params: list[SamplingParams],
+        prompt_ids: list[list[int]],
+        output_ids: list[list[int]],
+        generators: list[torch.Generator | None],
+        device: torch.device,
+        vocab_size: int = 201088,
+    ) -> SamplingBatch:
+        def t(vals: list, dtype: torch.dtype) -> torch.Tensor:  # type: ignore[type-arg]
+            host = torch.tensor(vals, dtype=dtype)
+            # Pinned: a copy from pageable memory would make the host wait for the GPU's queue.
+            return (host.pin_memory() if device.type == "cuda" else host).to(device, non_blocking=True)
+
+        greedy = all(p.temperature == 0.0 for p in params)
+        any_top_k = any(0 < p.top_k < vocab_size for p in params)
+        any_top_p = any(p.top_p < 1.0 for p in params)
+        any_min_p = any(p.min_p > 0.0 for p in params)
+        wanted = [p.logprobs for p in params if p.logprobs is not None]
+        return cls(
+            temperature=None if greedy else t([p.temperature for p in params], torch.float32),
+            top_k=t([p.top_k if p.top_k > 0 else vocab_size for p in params], torch.int64) if any_top_k else None,
+            top_p=t([p.top_p for p in params], torch.float32) if any_top_p else None,
+            min_p=t([p.min_p for p in params], torch.float32) if any_min_p else None,
+            penalties=_penalties(params, prompt_ids, output_ids, device, vocab_size, t),
+            mask_stop={i: list(p.stop_token_ids) for i, (p, out) in enumerate(zip(params, output_ids, strict=True))
+                       if len(out) < p.min_tokens and p.stop_token_ids},
+            forced={i: f[len(out)] for i, (p, out) in enumerate(zip(params, output_ids, strict=True))
+                    if (f := p.forced_token_ids) is not None and len(out) < len(f)},
+            generators=generators,
+            num_logprobs=max(wanted) if wanted else None,
+        )
+
+
+def _penalties(
+    params: list[SamplingParams], prompt_ids: list[list[int]], output_ids: list[list[int]], device: torch.device,
+    vocab_size: int, t: Callable[[list, torch.dtype], torch.Tensor],  # type: ignore[type-arg]
+) -> Penalties | None:
+    if not any(p.repetition_penalty != 1.0 or p.frequency_penalty != 0.0 or p.presence_penalty != 0.0
+               for p in params):
+        return None
+    b = len(params)
+    counts = torch.zeros(b, vocab_size, dtype=torch.float32, device=device)
+    seen = torch.zeros(b, vocab_size, dtype=torch.bool, device=device)
+    for i, (pr, out) in enumerate(zip(prompt_ids, output_ids, strict=True)):
+        if out:
+            o = torch.tensor(out, device=device)
+            counts[i].index_add_(0, o, torch.ones(len(out), device=device))
+        seen[i, torch.tensor(pr + out, dtype=torch.long, device=device)] = True
+    return Penalties(
+        repetition=t([p.repetition_penalty for p in params], torch.float32),
+        frequency=t([p.frequency_penalty for p in params], torch.float32),
+        presence=t([p.presence_penalty for p in params], torch.float32),
+        output_counts=counts, seen=seen,
+    )
+
+
+@dataclass
+class SamplerOutput:
+    token_ids: torch.Tensor  # [B] int64
+    logprobs: torch.Tensor | None  # [B] logprob of the chosen token
+    top_token_ids: torch.Tensor | None  # [B, K]
+    top_logprobs: torch.Tensor | None  # [B, K]
+
+    def token_logprobs(self, wanted: list[int | None]) -> list[TokenLogprob | None]:
+        """Per sampled row, its TokenLogprob (the top `wanted[i]` alternatives) when its request asked for
+        logprobs, else None: the host copy the engine hands to the output processor."""
+        if self.logprobs is None or all(k is None for k in wanted):
+            return [None] * len(wanted)
+        chosen = self.token_ids.tolist()
+        lps = self.logprobs.tolist()
+        top_ids = self.top_token_ids.tolist() if self.top_token_ids is not None else None
+        top_lps = self.top_logprobs.tolist() if self.top_logprobs is not None else None
+        rows: list[TokenLogprob | None] = []
+        for i, k in enumerate(wanted):
+            if k is None:
+                rows.append(None)
+                continue
+            top = list(zip(top_ids[i][:k], top_lps[i][:k], strict=True)) if top_ids and top_lps else []
+            rows.append(TokenLogprob(chosen[i], lps[i], top))
+        return rows
+
+
+def apply_penalties(logits: torch.Tensor, b: SamplingBatch) -> torch.Tensor:
+    """Repetition (vLLM: positive logits divided, negative multiplied, for seen tokens), then
+    frequency and presence (OpenAI: subtract count*f + [count>0]*p over generated tokens)."""
+    pen = b.penalties
+    if pen is None:
+        return logits
+    rep = pen.repetition[:, None]
+    penalised = torch.where(logits > 0, logits / rep, logits * rep)
+    logits = torch.where(pen.seen, penalised, logits)
+    logits = logits - pen.frequency[:, None] * pen.output_counts
+    return logits - pen.presence[:, None] * (pen.output_counts > 0).float()
+
+
+def apply_top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor | None, top_p: torch.Tensor | None) -> torch.Tensor:
+    """Mask (to -inf) all but each row's top_k tokens and its smallest nucleus of mass top_p."""
+    sorted_logits, order = logits.sort(dim=-1, descending=True)
+    mask = torch.zeros_like(sorted_logits, dtype=torch.bool)
+    if top_k is not None:
+        ranks = torch.arange(logits.shape[-1], device=logits.device)[None, :]
+        mask |= ranks >= top_k[:, None]
+    if top_p is not None:
+        probs = sorted_logits.masked_fill(mask, float("-inf")).softmax(-1)
+        mass_before = probs.cumsum(-1) - probs  # mass of strictly better tokens
+        mask |= mass_before >= top_p[:, None]
+        mask[:, 0] = False  # always keep the best token
+    return logits.scatter(-1, order, sorted_logits.masked_fill(mask, float("-inf")))
+
+
+def apply_min_p(logits: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
+    probs = logits.softmax(-1)
+    threshold = min_p[:, None] * probs.amax(-1, keepdim=True)
+    return logits.masked_fill(probs < threshold, float("-inf"))
+
+
+class Sampler:
+    @staticmethod
+    def _seeds(generators: list[torch.Generator | None], device: torch.device) -> torch.Tensor:
+        """A noise seed per row, drawn on the device: from the request's own generator where it has
+        one (its tokens then depend on its seed alone, not on the batch), else from the global one."""
+        seeds = torch.randint(0, 2**62, (len(generators),), device=device)
+        for row, g in enumerate(generators):
+            if g is not None:
+                seeds[row] = torch.randint(0, 2**62, (1,), device=device, generator=g)[0]
+        return seeds
+
+    def sample(self, logits: torch.Tensor, b: SamplingBatch, greedy: torch.Tensor | None = None) -> SamplerOutput:
+        """greedy: logits.argmax(-1) where the runner computed it with the logits (ops/linear/head_triton.py);
+        used where every row is greedy and nothing changes the logits before the choice."""
+        logits = logits.float()
+        raw = logits
+        for row, ids in b.mask_stop.items():
+            logits = logits.clone() if logits is raw else logits
+            logits[row, ids] = float("-inf")
+        logits = apply_penalties(logits, b)
+        if b.temperature is None:  # every row is greedy
+            chosen = greedy if greedy is not None and logits is raw else logits.argmax(-1)
+        elif use_triton(logits) and b.top_k is None and b.top_p is None and b.min_p is None:
+            # Plain temperature sampling (the default): one fused pass (ops/sampling/gumbel_triton.py).
+            from osserve.ops.sampling.gumbel_triton import gumbel_argmax_triton
+
+            chosen = gumbel_argmax_triton(logits, b.temperature, self._seeds(b.generators, logits.device))
+        else:
+            greedy = logits.argmax(-1)
+            temp = torch.where(b.temperature > 0, b.temperature, torch.ones_like(b.temperature))
+            scaled = logits / temp[:, None]
+            if b.top_k is not None or b.top_p is not None:
+                scaled = apply_top_k_top_p(scaled, b.top_k, b.top_p)
+            if b.min_p is not None:
+                scaled = apply_min_p(scaled, b.min_p)
+            probs = scaled.softmax(-1)
+            noise = torch.empty_like(probs).exponential_()
+            for row, g in enumerate(b.generators):
+                if g is not None:  # the request's own stream: independent of the batch
+                    noise[row] = torch.empty_like(probs[row]).exponential_(generator=g)
+            sampled = (probs / noise).argmax(-1)
+            chosen = torch.where(b.temperature > 0, sampled, greedy)
+        if b.forced:
+            forced = torch.tensor([b.forced.get(row, -1) for row in range(len(chosen))], device=chosen.device)
+            chosen = torch.where(forced >= 0, forced, chosen)
+        if b.num_logprobs is None:
+            return SamplerOutput(chosen, None, None, None)
+        logp = raw.log_softmax(-1)
+        top_lp, top_ids = logp.topk(max(b.num_logprobs, 1), dim=-1)
+        return SamplerOutput(chosen, logp.gather(-1, chosen[:, None])[:, 0], top_ids, top_lp)

@@ -1,0 +1,54 @@
+"""Which attention implementation runs: the Triton kernels on CUDA (paged_triton.py, which hands
+decode-only batches to decode_triton.py's split-KV kernel), the reference elsewhere."""
+
+from __future__ import annotations
+
+import torch
+
+from osserve.ops.attention.metadata import AttentionMetadata, BlockTables
+from osserve.ops.attention.reference import paged_attention_reference, write_kv_reference
+from osserve.ops.dispatch import use_triton
+
+
+def write_kv(
+    k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+) -> None:
+    """Dispatch: the Triton kernel on CUDA, the reference elsewhere."""
+    if use_triton(k_cache) and k_cache.is_contiguous() and v_cache.is_contiguous():
+        from osserve.ops.attention.paged_triton import write_kv_triton
+
+        write_kv_triton(k.contiguous(), v.contiguous(), k_cache, v_cache, slot_mapping)
+        return
+    write_kv_reference(k, v, k_cache, v_cache, slot_mapping)
+
+
+def paged_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    sinks: torch.Tensor,
+    meta: AttentionMetadata,
+    tables: BlockTables,
+    scale: float,
+    window: int | None,
+) -> torch.Tensor:
+    """Dispatch: the Triton kernels on CUDA, the reference elsewhere.
+
+    The CUDA path reads only device tensors and host ints from `meta` (no sync). A decode-only
+    batch takes the split-KV decode kernel, which is CUDA-graph safe.
+    """
+    if use_triton(q):
+        from osserve.ops.attention.paged_triton import paged_attention_triton
+
+        return paged_attention_triton(
+            q, k_cache, v_cache, sinks, meta.query_start_loc, meta.seq_lens, tables.block_tables,
+            scale, window, meta.max_query_len, meta.max_seq_len, meta.is_decode_only,
+        )
+    query_start_loc = [0]
+    for n in meta.query_lens_host:
+        query_start_loc.append(query_start_loc[-1] + n)
+    return paged_attention_reference(
+        q, k_cache, v_cache, sinks, query_start_loc, meta.seq_lens_host, tables.block_tables,
+        scale, window,
+    )

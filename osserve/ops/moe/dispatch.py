@@ -1,0 +1,89 @@
+"""Which MoE implementation runs a batch: `fused_moe`, the entry the model calls.
+
+On CUDA, once the experts' kernel layout exists (layout.py, at load):
+- up to swapped.MAX_TOKENS tokens (decode, serving's mixed steps): the weights-as-left-operand
+  4-bit kernel: gluon.py on Hopper, swapped.py (portable Triton) elsewhere;
+- above, whole prompts: dense.py (dequantise each expert once, cuBLAS) where the checkpoint-layout
+  tensors were kept, else gluon.py in chunks, else tiled.py (the portable token-tiled kernel).
+Elsewhere: reference.py.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+
+from osserve.ops.dispatch import use_triton
+from osserve.ops.moe.reference import moe_reference
+from osserve.ops.moe.weights import ExpertWeights, PreparedExperts
+
+if TYPE_CHECKING:
+    from osserve.ops.moe.plan import RoutingPlan
+
+# The kernels' modules are imported where they run (CUDA): a CPU process never loads them.
+
+# Above this many tokens (and above the swapped kernel's range) experts are dequantised once per
+# forward and run on cuBLAS.
+PREFILL_DENSE_MIN_TOKENS = 512
+
+
+def plan_block_m(experts: ExpertWeights, num_tokens: int, top_k: int) -> int | None:
+    """The token tile of the routing plan fused_moe would build for this batch, where it takes
+    one from its caller (the Gluon kernel: fragments prepared); else None."""
+    if experts.prepared is None or not experts.prepared.fragments:
+        return None
+    from osserve.ops.moe.gluon import BLOCK_T_BY_SLOTS
+    from osserve.ops.moe.swapped import by_slots
+
+    return by_slots(BLOCK_T_BY_SLOTS, num_tokens, experts.num_experts, top_k)
+
+
+def fused_moe(
+    x: torch.Tensor,
+    topk_weights: torch.Tensor,
+    topk_ids: torch.Tensor,
+    experts: ExpertWeights,
+    swiglu_limit: float,
+    reduce: bool = True,
+    plan: RoutingPlan | None = None,
+) -> torch.Tensor:
+    """x [T, H] -> [T, H], by the implementation the module docstring describes.
+
+    reduce=False: the 4-bit kernels may leave their output unreduced, [S, T, k, H] (K splits x each
+    token's k weighted expert rows), for ops/norm/reference.py's add_rms_norm to sum: one launch and one
+    round trip fewer per layer. plan: topk_ids' routing plan if the router built it
+    (router's route_with_plan for plan_block_m), saving the kernel's own align launch."""
+    if use_triton(x):
+        from osserve.ops.moe import swapped
+
+        prepared = experts.prepared
+        # Up to MAX_TOKENS (both 4-bit kernels' range) the fused kernels win; the dense path is for
+        # whole prompts (it syncs the host once per expert: ~0.3 s a step at serving's 1-2k-token
+        # mixed batches).
+        if prepared is not None and x.shape[0] <= swapped.MAX_TOKENS:
+            return _fused(x, topk_weights, topk_ids, prepared, swiglu_limit, reduce, plan)
+        dense_ok = experts.gate_up_blocks is not None and not torch.cuda.is_current_stream_capturing()
+        if dense_ok and x.shape[0] > PREFILL_DENSE_MIN_TOKENS:
+            from osserve.ops.moe.dense import moe_prefill_dense
+
+            return moe_prefill_dense(x, topk_weights, topk_ids, experts, swiglu_limit)
+        if prepared is not None and prepared.fragments:  # the Gluon kernel, in chunks of its MAX_TOKENS
+            return _fused(x, topk_weights, topk_ids, prepared, swiglu_limit)
+        if prepared is not None:
+            from osserve.ops.moe.tiled import fused_moe_triton
+
+            return fused_moe_triton(x, topk_weights, topk_ids, prepared, swiglu_limit)
+    return moe_reference(x, topk_weights, topk_ids, experts, swiglu_limit)
+
+
+def _fused(x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor, prepared: PreparedExperts,
+           swiglu_limit: float, reduce: bool = True, plan: RoutingPlan | None = None) -> torch.Tensor:
+    """The 4-bit kernel for the prepared layout: Gluon (Hopper fragments) or Triton (re-paired nibbles)."""
+    if prepared.fragments:
+        from osserve.ops.moe.gluon import fused_moe_gluon
+
+        return fused_moe_gluon(x, topk_weights, topk_ids, prepared, swiglu_limit, reduce=reduce, plan=plan)
+    from osserve.ops.moe.swapped import fused_moe_swapped
+
+    return fused_moe_swapped(x, topk_weights, topk_ids, prepared, swiglu_limit, reduce=reduce)

@@ -1,0 +1,370 @@
+"""Fused MXFP4 MoE on Hopper in Gluon: 4-bit weights dequantised straight into MMA registers.
+
+Same plan as swapped.py (W @ X^T: weights are the warpgroup MMA's left operand, BLOCK_T token
+slots its N; routing plan from moe_align.py; split K at small grids; same epilogues), but written
+in Gluon, where the register layouts are ours to state. The K loop (moe_gluon_loop.py) copies each
+step's weights, scales and activations into a shared-memory ring with cp.async and dequantises the
+weights into exactly the MMA's operand registers (at batch 1-2, moe_gluon_ws.py's loop instead: a
+copy warp fills the ring by TMA); here are the two GEMM kernels, their epilogues and their launch:
+- gate/up rows are paired (mxfp4_fragments.pair_eights), so each 64-row tile yields 32 finished
+  SwiGLU columns: a program takes one tile (small batches: twice the programs) or two (one
+  128-deep async MMA per tile per K step, the second tile's dequantisation overlapping the first's
+  MMA);
+- the down GEMM applies bias and router weight and writes each slot's row (or K split's partial);
+  sum_experts (or the next add_rms_norm) adds a token's rows.
+The Triton kernels leave the layouts to the compiler, which staged the weights through shared
+memory and waited on each of 2-8 MMAs per K step (NOTES-moe.md).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+
+from osserve.ops.moe import swapped
+from osserve.ops.moe.gluon_loop import BLOCK_K, WORD_LAYOUT, k_loop, weight_pointers
+from osserve.ops.moe.gluon_ws import MAX_REGISTERS, descriptors, k_loop_ws
+from osserve.ops.moe.plan import RoutingPlan, align_tokens
+from osserve.ops.moe.swapped import (
+    MAX_TOKENS,
+    SWIGLU_BLOCK_N,
+    _swiglu_splits_kernel,
+    by_slots,
+    down_output,
+    expert_rows,
+    split_k,
+    used_tiles,
+)
+from osserve.ops.moe.weights import SWIGLU_ALPHA, UNSCALE, PreparedExperts
+from osserve.ops.pdl import pdl_enter_gluon, pdl_launch
+
+BLOCK_W = 64  # weight rows per program: one warpgroup MMA's M
+NUM_WARPS = 4
+
+
+# [BLOCK_T, 128] activation rows (the MMA's right operand before shared memory), and the [64 weight
+# rows, BLOCK_T] epilogue tile with the rows fastest (coalesced stores of act / y rows).
+X_LAYOUT = gl.constexpr(gl.BlockedLayout([1, 8], [2, 16], [4, 1], [1, 0]))
+OUT_LAYOUT = gl.constexpr(gl.BlockedLayout([1, 1], [32, 1], [4, 1], [0, 1]))
+OUT_LAYOUT_32 = gl.constexpr(gl.BlockedLayout([1, 1], [32, 1], [1, 4], [0, 1]))  # [32 act columns, BLOCK_T]
+
+
+@gluon.jit
+def _tile_setup(sorted_ptr, block_expert_ptr, pid_t, num_slots, BLOCK_T: gl.constexpr, layout: gl.constexpr):
+    expert = gl.load(block_expert_ptr + pid_t).to(gl.int64)
+    rows = pid_t * BLOCK_T + gl.arange(0, BLOCK_T, layout=layout)
+    slot = gl.load(sorted_ptr + rows)
+    return expert, rows, slot, slot < num_slots
+
+
+@gluon.jit
+def _program(num_t_blocks, num_splits):
+    """(token tile, K split, weight tile) of this program: token tiles fastest, so that neighbours
+    share a weight tile (L2 reuse)."""
+    pid = gl.program_id(0)
+    return pid % num_t_blocks, (pid // num_t_blocks) % num_splits, pid // (num_t_blocks * num_splits)
+
+
+@gluon.jit
+def _out_rows(row0, N, pid_t, ROWS: gl.constexpr, BLOCK_T: gl.constexpr, layout: gl.constexpr):
+    """The epilogue's output rows row0.. (ROWS of them), their mask, and the plan rows of the token tile."""
+    orow = row0 + gl.arange(0, ROWS, layout=gl.SliceLayout(1, layout))
+    prow = pid_t * BLOCK_T + gl.arange(0, BLOCK_T, layout=gl.SliceLayout(0, layout))
+    return orow, orow < N, prow
+
+
+@gluon.jit
+def _first_word_and_scale(expert, tile, stride_we, stride_wt, stride_se, stride_st):
+    """Offsets of an expert's 64-row tile's first word and scale byte (tile-major, mxfp4_fragments.py)."""
+    tile = tile.to(gl.int64)
+    return (expert * stride_we + tile * stride_wt).to(gl.int32), (expert * stride_se + tile * stride_st).to(gl.int32)
+
+
+@gluon.jit
+def _split_pairs(acc, BLOCK_T: gl.constexpr):
+    """[64, BT] accumulator of paired rows (mxfp4_fragments.pair_eights: per 16 rows, 8 gates then
+    their 8 ups) -> gate, up [32, BT] in the 32-row output layout. Rows r and r + 8 of a warp's 16
+    are one thread's registers, so the split itself moves no data."""
+    t = gl.permute(gl.reshape(acc, [4, 2, 8, BLOCK_T]), [0, 2, 3, 1])  # [warp, g, token, half]
+    gate, up = gl.split(t)
+    gate = gl.convert_layout(gl.reshape(gate, [32, BLOCK_T]), OUT_LAYOUT_32)
+    up = gl.convert_layout(gl.reshape(up, [32, BLOCK_T]), OUT_LAYOUT_32)
+    return gate, up
+
+
+@gluon.jit
+def _gate_up_epilogue_inputs(tile, expert, pid_t, N, b_ptr, sorted_ptr, num_slots, stride_be, BLOCK_T: gl.constexpr,
+                             SPLIT: gl.constexpr):
+    """What _gate_up_epilogue reads besides the accumulator: tile `tile`'s 32 act columns and their mask,
+    the token tile's plan rows and which hold a slot, and (unsplit) the gate and up biases."""
+    col, c_ok, prow = _out_rows(tile * 32, N, pid_t, 32, BLOCK_T, OUT_LAYOUT_32)
+    p_ok = gl.load(sorted_ptr + prow) < num_slots
+    b_ok = c_ok & (not SPLIT)
+    bg = gl.load(b_ptr + expert * stride_be + col, mask=b_ok, other=0.0)
+    bu = gl.load(b_ptr + expert * stride_be + N + col, mask=b_ok, other=0.0)
+    return col, c_ok, prow, p_ok, bg, bu
+
+
+@gluon.jit
+def _gate_up_epilogue(acc, inputs, pid_s, N, limit, act_ptr, part_ptr, stride_am, stride_ps, stride_pm,
+                      BLOCK_T: gl.constexpr, SPLIT: gl.constexpr, ALPHA: gl.constexpr, UNSCALE: gl.constexpr):
+    """The 32 act columns of a 64-row tile (inputs: _gate_up_epilogue_inputs'): bias + clamped SwiGLU
+    into act, or with split K the float32 partial sums (gate at column c, up at N + c) for
+    _swiglu_splits_kernel."""
+    col, c_ok, prow, p_ok, bg, bu = inputs
+    gate, up = _split_pairs(acc * UNSCALE, BLOCK_T)
+    if SPLIT:
+        p_ptrs = part_ptr + pid_s.to(gl.int64) * stride_ps + prow[None, :].to(gl.int64) * stride_pm + col[:, None]
+        p_mask = c_ok[:, None] & p_ok[None, :]
+        gl.store(p_ptrs, gate, mask=p_mask)
+        gl.store(p_ptrs + N, up, mask=p_mask)
+    else:
+        gate = gl.minimum(gate + bg[:, None], limit)
+        up = gl.minimum(gl.maximum(up + bu[:, None], -limit), limit)
+        h = gate * (1.0 / (1.0 + gl.exp(-ALPHA * gate))) * (up + 1.0)  # moe.py's clamped SwiGLU
+        a_out = act_ptr + prow[None, :].to(gl.int64) * stride_am + col[:, None]
+        gl.store(a_out, h.to(act_ptr.dtype.element_ty), mask=c_ok[:, None] & (prow >= 0)[None, :])
+
+
+_PER_STEP = ["num_slots", "num_t_blocks", "num_splits"]
+
+
+@gluon.jit(do_not_specialize=_PER_STEP)
+def _gate_up_kernel(
+    x_ptr, w_ptr, s_ptr, w_desc, t_desc, s_desc,  # x [T, K]; w, s tile-major (mxfp4_fragments); their TMA
+    b_ptr, act_ptr, part_ptr,  # descriptors (WS only: moe_gluon_ws.descriptors); b [E, 2N]
+    sorted_ptr, block_expert_ptr, num_padded_ptr,  # act [P, N]; part [S, P, 2N] float32 (split K only)
+    num_slots, N, K, num_t_blocks, num_splits, k_per_split, limit,
+    stride_xm, stride_we, stride_wt, stride_se, stride_st, stride_be, stride_am, stride_ps, stride_pm,
+    TOP_K: gl.constexpr, BLOCK_T: gl.constexpr, SPLIT: gl.constexpr, ALPHA: gl.constexpr, UNSCALE: gl.constexpr,
+    STAGES: gl.constexpr, TILES: gl.constexpr, PDL: gl.constexpr, WS: gl.constexpr,
+):
+    """w's rows are paired (mxfp4_fragments.pair_eights): a 64-row tile is 32 columns' gate and up.
+    A program takes TILES (1 or 2) consecutive tiles: 2 shares each activation step between two
+    MMAs, 1 makes twice the programs (batch 1: 360 instead of 180 for 132 SMs). WS: the K loop with
+    a copy warp (moe_gluon_ws.py; one tile)."""
+    pdl_enter_gluon(PDL)
+    pid_t, pid_s, pid_w = _program(num_t_blocks, num_splits)
+    if pid_t * BLOCK_T >= gl.load(num_padded_ptr):
+        return
+    expert, rows, slot, row_ok = _tile_setup(sorted_ptr, block_expert_ptr, pid_t, num_slots, BLOCK_T,
+                                             gl.SliceLayout(1, X_LAYOUT))
+    token = (slot // TOP_K).to(gl.int64)
+    kcol = gl.arange(0, BLOCK_K, layout=gl.SliceLayout(0, X_LAYOUT))
+    x_ptrs = x_ptr + token[:, None] * stride_xm + kcol[None, :]  # [BT, BK]
+    tile = pid_w * TILES
+    w_ptrs, s_ptrs, w_mask, word = weight_pointers(w_ptr, s_ptr, expert, tile, 2 * N, stride_we, stride_wt,
+                                                    stride_se, stride_st, WORD_LAYOUT)
+    k_start = pid_s * k_per_split
+    k_end = gl.minimum(K, k_start + k_per_split)
+    if WS:
+        # Few token columns: the epilogue's inputs are read now, not in a round trip after the K loop.
+        inputs_a = _gate_up_epilogue_inputs(tile, expert, pid_t, N, b_ptr, sorted_ptr, num_slots, stride_be, BLOCK_T,
+                                            SPLIT)
+        word0, scale0 = _first_word_and_scale(expert, tile, stride_we, stride_wt, stride_se, stride_st)
+        acc_a = k_loop_ws(w_desc, t_desc, s_desc, word0, scale0, x_ptr, stride_xm, sorted_ptr, pid_t, num_slots,
+                          k_start, k_end, K, BLOCK_T, TOP_K, STAGES, False)
+        acc_b = acc_a
+    else:
+        acc_a, acc_b = k_loop(w_ptrs, s_ptrs, stride_wt, stride_st, x_ptrs, row_ok[:, None], w_mask, word,
+                               kcol, k_start, k_end, K, BLOCK_T, TILES == 2, STAGES, False)
+        inputs_a = _gate_up_epilogue_inputs(tile, expert, pid_t, N, b_ptr, sorted_ptr, num_slots, stride_be, BLOCK_T,
+                                            SPLIT)
+    _gate_up_epilogue(acc_a, inputs_a, pid_s, N, limit, act_ptr, part_ptr, stride_am, stride_ps, stride_pm, BLOCK_T,
+                      SPLIT, ALPHA, UNSCALE)
+    if TILES == 2:
+        inputs_b = _gate_up_epilogue_inputs(tile + 1, expert, pid_t, N, b_ptr, sorted_ptr, num_slots, stride_be,
+                                            BLOCK_T, SPLIT)
+        _gate_up_epilogue(acc_b, inputs_b, pid_s, N, limit, act_ptr, part_ptr, stride_am, stride_ps, stride_pm,
+                          BLOCK_T, SPLIT, ALPHA, UNSCALE)
+
+
+@gluon.jit(do_not_specialize=_PER_STEP)
+def _down_kernel(
+    act_ptr, w_ptr, s_ptr, w_desc, t_desc, s_desc,  # act [P, K]; w, s tile-major, their descriptors (WS)
+    b_ptr, y_ptr, topk_w_ptr,  # y [S, T*k, N]
+    sorted_ptr, block_expert_ptr, num_padded_ptr,
+    num_slots, N, K, num_t_blocks, num_splits, k_per_split,
+    stride_am, stride_we, stride_wt, stride_se, stride_st, stride_be, stride_ys, stride_ym,
+    BLOCK_T: gl.constexpr, UNSCALE: gl.constexpr, STAGES: gl.constexpr, PDL: gl.constexpr, WS: gl.constexpr,
+):
+    """With PDL the wait for the gate/up kernel is in the K loop, after its first weight copies. The
+    routing plan read before it comes from the kernel before gate/up (the router or the plan's own
+    launch), which gate/up waited for before it let this kernel launch (ops/pdl.py)."""
+    pid_t, pid_s, pid_w = _program(num_t_blocks, num_splits)
+    if pid_t * BLOCK_T >= gl.load(num_padded_ptr):
+        return
+    expert, rows, slot, row_ok = _tile_setup(sorted_ptr, block_expert_ptr, pid_t, num_slots, BLOCK_T,
+                                             gl.SliceLayout(1, X_LAYOUT))
+    kcol = gl.arange(0, BLOCK_K, layout=gl.SliceLayout(0, X_LAYOUT))
+    x_ptrs = act_ptr + rows[:, None].to(gl.int64) * stride_am + kcol[None, :]  # plan rows, sorted order
+    w_ptrs, s_ptrs, w_mask, word = weight_pointers(w_ptr, s_ptr, expert, pid_w, N, stride_we, stride_wt,
+                                                    stride_se, stride_st, WORD_LAYOUT)
+    k_start = pid_s * k_per_split
+    k_end = gl.minimum(K, k_start + k_per_split)
+    if WS:
+        # Few token columns: the epilogue's inputs are read now, not on the K loop's far side (two
+        # dependent round trips there: the slots, then their router weights).
+        inputs = _down_epilogue_inputs(pid_w, pid_s, pid_t, expert, N, b_ptr, topk_w_ptr, sorted_ptr, num_slots,
+                                       stride_be, BLOCK_T)
+        word0, scale0 = _first_word_and_scale(expert, pid_w, stride_we, stride_wt, stride_se, stride_st)
+        acc = k_loop_ws(w_desc, t_desc, s_desc, word0, scale0, act_ptr, stride_am, sorted_ptr, pid_t, num_slots,
+                        k_start, k_end, K, BLOCK_T, 0, STAGES, PDL)
+    else:
+        acc, _ = k_loop(w_ptrs, s_ptrs, 0, 0, x_ptrs, row_ok[:, None], w_mask, word, kcol, k_start, k_end, K,
+                         BLOCK_T, False, STAGES, PDL)
+        inputs = _down_epilogue_inputs(pid_w, pid_s, pid_t, expert, N, b_ptr, topk_w_ptr, sorted_ptr, num_slots,
+                                       stride_be, BLOCK_T)
+
+    acc = gl.convert_layout(acc, OUT_LAYOUT)
+    orow, o_ok, prow, pslot, p_ok, bias, gate_w = inputs
+    out = (acc * UNSCALE + bias[:, None]) * gate_w[None, :]
+    y_ptrs = y_ptr + pid_s.to(gl.int64) * stride_ys + pslot[None, :].to(gl.int64) * stride_ym + orow[:, None]
+    gl.store(y_ptrs, out.to(y_ptr.dtype.element_ty), mask=o_ok[:, None] & p_ok[None, :])
+
+
+@gluon.jit
+def _down_epilogue_inputs(pid_w, pid_s, pid_t, expert, N, b_ptr, topk_w_ptr, sorted_ptr, num_slots, stride_be,
+                          BLOCK_T: gl.constexpr):
+    """The down epilogue's output rows and plan rows, each plan row's slot, the bias (first K split only)
+    and each slot's router weight, in OUT_LAYOUT."""
+    orow, o_ok, prow = _out_rows(pid_w * 64, N, pid_t, 64, BLOCK_T, OUT_LAYOUT)
+    pslot = gl.load(sorted_ptr + prow)
+    p_ok = pslot < num_slots
+    bias = gl.load(b_ptr + expert * stride_be + orow, mask=o_ok & (pid_s == 0), other=0.0)
+    gate_w = gl.load(topk_w_ptr + pslot, mask=p_ok, other=0.0).to(gl.float32)
+    return orow, o_ok, prow, pslot, p_ok, bias, gate_w
+
+
+def supported(device: torch.device, hidden: int, intermediate: int) -> bool:
+    """The Gluon kernels need a Hopper GPU (warpgroup MMA) and K dimensions in whole 64-column steps."""
+    return (device.type == "cuda" and torch.cuda.get_device_capability(device) == (9, 0)
+            and hidden % 64 == 0 and intermediate % 64 == 0)
+
+
+# Token tile by the slots an expert gets on average (T * top_k / E), as in swapped.py, and the
+# ring's depth (k_loop's STAGES, >= 2) by tile. H100, bench_moe_gluon.py: 8 up to 4 slots (a wgmma
+# of N = 8: 20b T=32 176.0 vs 179.4 us with 16, 120b T=128 635.3 vs 659.6; at 8 slots 16 wins,
+# 183.5 vs 213.4), 16 up to 8 slots (4 stages), 32 up to 32 slots, 64 above (3 stages: 4 leave
+# room for fewer programs per SM).
+BLOCK_T_BY_SLOTS = {4: 8, 8: 16, 32: 32, 1 << 30: 64}
+STAGES_BY_BLOCK_T = {8: 4, 16: 4, 32: 3, 64: 3}
+# Split K only below one program per SM: with the ring, a batch-1 layer's 180 programs per GEMM
+# stream as fast unsplit (20b: 45.9 vs 48.3 us at 2 per SM, which also launched the split sum).
+PROGRAMS_PER_SM = 1
+# The down GEMM's splits cost no extra pass (sum_experts adds them): at batch 1 its 180 programs
+# split in two run faster (20b 45.8 -> 44.3 us a layer, 120b 49.7 -> 47.2; 3 and 4 per SM slower).
+DOWN_PROGRAMS_PER_SM = 2
+# 64-row gate/up tiles per program by token tile. One doubles the programs (batch 1: 360 for 132
+# SMs instead of 180) and shortens each K step's chain; two share each activation step between two
+# MMAs, which pays once the activation tile is the larger read. H100, bench_moe_gluon.py, one tile
+# vs two: 20b T=1 40.8 vs 44.5 us, T=8 177.4 vs 182.5, T=32 239.3 vs 243.5 (16-token tiles); T=256
+# 326.2 vs 316.9 (32), T=1024 863.4 vs 790.9 (64); 120b T=256 991.7 vs 1001.2 (16), T=1024 1504.5
+# vs 1458.7 (32).
+GATE_UP_TILES_BY_BLOCK_T = {8: 1, 16: 1, 32: 2, 64: 2}
+# The K loops with a copy warp (moe_gluon_ws.py) where the gate/up grid is at most WS_PROGRAMS_PER_SM
+# programs an SM by used_tiles' bound (8- and 16-token tiles, one tile a program): batch 1 (450 on 132
+# SMs) and 2 (810), not 4 (1,620). H100, bench_moe_gluon.py --ab-ws, µs a layer with / without: 20b
+# T=1 34.4 / 35.9, T=2 55.0 / 67.6; 120b T=1 38.0 / 39.2, T=2 58.5 / 72.1. Forced at every size, it
+# lost from 8 tokens on (20b T=32 179.3 / 165.8, 120b T=8 170.9 / 160.6), where the grid runs several
+# waves of three programs an SM (BENCHMARKS.md, fifteenth session).
+WS_BLOCK_T = (8, 16)
+WS_PROGRAMS_PER_SM = 8
+COPY_WARP = True  # the switch bench_decode.py --ab copy-warp flips; read at launch
+
+
+def fused_moe_gluon(
+    x: torch.Tensor,
+    topk_weights: torch.Tensor,
+    topk_ids: torch.Tensor,
+    prepared: PreparedExperts,
+    swiglu_limit: float,
+    block_t: int | None = None,
+    min_programs: int | None = None,
+    stages: int | None = None,
+    down_min_programs: int | None = None,
+    gate_up_tiles: int | None = None,
+    reduce: bool = True,
+    plan: RoutingPlan | None = None,
+    ws: bool | None = None,
+) -> torch.Tensor:
+    """x [T, H] bf16 -> [T, H] (or unreduced: swapped.expert_rows); same function as
+    moe_reference, on experts prepared with fragments=True. Host-sync free, CUDA-graph capturable.
+    K is split until a GEMM has min_programs (gate/up) or down_min_programs (down) programs;
+    defaults: PROGRAMS_PER_SM and DOWN_PROGRAMS_PER_SM per SM. gate_up_tiles: 64-row tiles per
+    gate/up program (1 or 2; default by token tile, GATE_UP_TILES_BY_BLOCK_T). plan: topk_ids'
+    routing plan for this batch's token tile, if the router built it (else one is built here). ws: the
+    K loops with a copy warp (moe_gluon_ws.py; default: WS_BLOCK_T tiles at small grids)."""
+    if x.shape[0] > MAX_TOKENS:  # moe_swapped's bound: larger batches run in chunks of that many tokens
+        return torch.cat([fused_moe_gluon(x[i:i + MAX_TOKENS], topk_weights[i:i + MAX_TOKENS],
+                                          topk_ids[i:i + MAX_TOKENS], prepared, swiglu_limit, block_t, min_programs,
+                                          stages, down_min_programs, gate_up_tiles, ws=ws)
+                          for i in range(0, x.shape[0], MAX_TOKENS)])
+    assert prepared.fragments, "experts were not prepared in the fragment layout"
+    num_tokens, hidden = x.shape
+    top_k = topk_ids.shape[1]
+    num_slots = num_tokens * top_k
+    inter = prepared.intermediate
+    bt = block_t or by_slots(BLOCK_T_BY_SLOTS, num_tokens, prepared.num_experts, top_k)
+    stages = STAGES_BY_BLOCK_T[bt] if stages is None else stages
+    assert stages >= 2, "the ring needs a slot in use and one being filled"
+    sms = torch.cuda.get_device_properties(x.device).multi_processor_count
+    min_programs = PROGRAMS_PER_SM * sms if min_programs is None else min_programs
+    down_min_programs = DOWN_PROGRAMS_PER_SM * sms if down_min_programs is None else down_min_programs
+    x = x.contiguous()
+    topk_w = topk_weights.reshape(-1).contiguous()
+    if plan is None or plan.block_m != bt:  # none from the router (router.route_with_plan), or another tile's
+        plan = align_tokens(topk_ids, prepared.num_experts, bt)
+    rows = plan.sorted_slots.shape[0]
+    act = torch.empty(rows, inter, dtype=x.dtype, device=x.device)
+    w1, s1, b1 = prepared.w1, prepared.s1, prepared.b1
+    w2, s2, b2 = prepared.w2, prepared.s2, prepared.b2
+    tb = plan.max_blocks
+    used_t_blocks = used_tiles(plan, num_slots, bt, prepared.num_experts)
+    gate_up_tiles = GATE_UP_TILES_BY_BLOCK_T[bt] if gate_up_tiles is None else gate_up_tiles
+    w_blocks1 = triton.cdiv(2 * inter, gate_up_tiles * BLOCK_W)
+    splits1, per_split1 = split_k(used_t_blocks * w_blocks1, hidden, int(BLOCK_K), min_programs)
+    part = torch.empty(splits1, rows, 2 * inter, dtype=torch.float32, device=x.device) if splits1 > 1 else act
+    if ws is None:
+        ws = COPY_WARP and bt in WS_BLOCK_T and used_t_blocks * w_blocks1 <= WS_PROGRAMS_PER_SM * sms
+    ws_up = ws and gate_up_tiles == 1
+    d1 = d2 = (None, None, None)
+    if ws:
+        if not prepared.descriptors:
+            prepared.descriptors = (*descriptors(w1, s1), *descriptors(w2, s2))
+        d2 = prepared.descriptors[3:]
+        d1 = prepared.descriptors[:3] if ws_up else d1
+    pdl = pdl_launch(x.device)
+    _gate_up_kernel[(tb * splits1 * w_blocks1,)](
+        x, w1, s1, *d1, b1, act, part, plan.sorted_slots, plan.block_expert, plan.num_padded,
+        num_slots, inter, hidden, tb, splits1, per_split1, float(swiglu_limit),
+        x.stride(0), w1.stride(0), w1.stride(1), s1.stride(0), s1.stride(1), b1.stride(0), act.stride(0),
+        part.stride(0), part.stride(1),
+        TOP_K=top_k, BLOCK_T=bt, SPLIT=splits1 > 1, ALPHA=SWIGLU_ALPHA, UNSCALE=UNSCALE, STAGES=stages,
+        TILES=gate_up_tiles, PDL=pdl, WS=ws_up, num_warps=NUM_WARPS, launch_pdl=pdl,
+        maxnreg=MAX_REGISTERS if ws_up else None,
+    )
+    if splits1 > 1:
+        _swiglu_splits_kernel[(tb, triton.cdiv(inter, SWIGLU_BLOCK_N))](
+            part, b1, act, plan.sorted_slots, plan.block_expert, plan.num_padded,
+            num_slots, inter, splits1, float(swiglu_limit), part.stride(0), part.stride(1), b1.stride(0),
+            act.stride(0), BLOCK_T=bt, BLOCK_N=SWIGLU_BLOCK_N, ALPHA=SWIGLU_ALPHA,
+        )
+    w_blocks2 = triton.cdiv(hidden, BLOCK_W)
+    splits2, per_split2 = split_k(used_t_blocks * w_blocks2, inter, int(BLOCK_K), down_min_programs)
+    y = down_output(splits2, num_slots, hidden, x)
+    _down_kernel[(tb * splits2 * w_blocks2,)](
+        act, w2, s2, *d2, b2, y, topk_w, plan.sorted_slots, plan.block_expert, plan.num_padded,
+        num_slots, hidden, inter, tb, splits2, per_split2,
+        act.stride(0), w2.stride(0), w2.stride(1), s2.stride(0), s2.stride(1), b2.stride(0), y.stride(0),
+        y.stride(1), BLOCK_T=bt, UNSCALE=UNSCALE, STAGES=stages, PDL=pdl, WS=ws, num_warps=NUM_WARPS, launch_pdl=pdl,
+        maxnreg=MAX_REGISTERS if ws else None,
+    )
+    return expert_rows(y, num_tokens, top_k, x.dtype, reduce)
+
+
+def compile_kernels(prepared: PreparedExperts, top_k: int, swiglu_limit: float, dtype: torch.dtype) -> None:
+    """swapped.compile_kernels for this kernel and its token-tile buckets."""
+    swapped.compile_kernels(prepared, top_k, swiglu_limit, dtype, fused_moe_gluon, BLOCK_T_BY_SLOTS)
