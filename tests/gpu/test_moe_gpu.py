@@ -137,7 +137,7 @@ def test_gluon_takes_the_routers_plan(layer, fragments, num_tokens: int) -> None
     x = torch.randn(num_tokens, HIDDEN, device="cuda").bfloat16()
     w = (torch.randn(EXPERTS, HIDDEN, device="cuda") / HIDDEN**0.5).bfloat16()
     b = torch.randn(EXPERTS, device="cuda").bfloat16()
-    block_m = experts.plan_block_m(num_tokens, TOP_K)
+    block_m = plan_block_m(experts, num_tokens, TOP_K)
     weights, ids, plan = route_with_plan(x, w, b, TOP_K, router_counters("cuda"), block_m)
     assert plan is not None
     own = fused_moe(x, weights, ids, experts, LIMIT, reduce=False)
