@@ -129,7 +129,7 @@ def test_gluon_takes_the_routers_plan(layer, fragments, num_tokens: int) -> None
     builds itself (align_tokens: expert order)."""
     from dataclasses import replace
 
-    from osserve.ops.moe.dispatch import fused_moe
+    from osserve.ops.moe.dispatch import fused_moe, plan_block_m
     from osserve.ops.router.counters import router_counters
     from osserve.ops.router.dispatch import route_with_plan
 
