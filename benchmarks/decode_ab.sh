@@ -15,8 +15,8 @@ for preset in ${presets//,/ }; do
             tag=$([ "$tree" = "$here" ] && echo this || echo other)
             echo "== $(date +%T) $preset round $round: $tag tree ($tree)"
             (cd "$tree" && PYTHONPATH="$tree:/tmp/site" python3 benchmarks/bench_decode.py --presets "$preset" \
-                --skip prefill,profile,moe --out "$OUT/ab-$preset-$round-$tag.json" >"$OUT/ab-$preset-$round-$tag.log" 2>&1) \
-                || { tail -30 "$OUT/ab-$preset-$round-$tag.log"; exit 1; }
+                --skip prefill,profile,moe --out "$OUT/ab-$preset-$round-$tag.json" >"/tmp/ab-$preset-$round-$tag.log" 2>&1) \
+                || { tail -30 "/tmp/ab-$preset-$round-$tag.log"; exit 1; }
         done
     done
 done
