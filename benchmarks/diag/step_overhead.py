@@ -92,7 +92,7 @@ def main() -> None:
         staged()
         torch.cuda.Event().record()
 
-    def copied() -> None:  # the step as the session start made it
+    def copied() -> None:  # the step as it was before 156055e and 89f928d (2026-11-24)
         graphs.staged.send(1, [0], position, [1025], no_slots)
         assert out.greedy is not None
         graphs.input_ids[:1].copy_(out.greedy[:1])  # the pending token, copied into the input ids

@@ -268,8 +268,8 @@ class LLMEngine:
         """Whether the next newcomers (up to `free`) compute only their last token, their prompt
         cached but for it (kv_cache.py's last-block copies), and can run ahead: then they join the
         next step like decodes, without waiting for the step in flight. (Newcomers with a prefill
-        still wait: admitting those beside the step in flight made serving slower, twelfth
-        session, BENCHMARKS.md.)"""
+        still wait: admitting those beside the step in flight made serving slower on 2026-11-23
+        and 2026-11-24: BENCHMARKS.md, experiments not kept.)"""
         for req in itertools.islice(self.scheduler.waiting, free):
             if (req.num_computed_tokens or req.num_preemptions or not can_run_ahead(req.sampling_params, 0)
                     or self.kv.cached_prefix_tokens(req) != req.num_tokens - 1):

@@ -22,7 +22,9 @@ def run_server(args: argparse.Namespace) -> int:
                                       f"gpt-oss-{args.preset}" if args.preset else "osserve-builtin")
     config = ServerConfig(model_name=name, api_key=args.api_key)
     count = args.api_server_count
-    if count is None:  # on a GPU one HTTP process falls behind the engine (BENCHMARKS.md, twentieth session)
+    # On a GPU one HTTP process falls behind the engine: 20b served 18,084.2 / 18,760.9 tok/s with one,
+    # 22,177.4 / 21,550.2 with two (H100, 2026-11-24, one call; BENCHMARKS.md, the 20b serving row).
+    if count is None:
         count = 2 if engine_in_own_process(args) else 1
     if count < 1:
         raise ConfigError("--api-server-count must be at least 1", "api_server_count")

@@ -12,8 +12,8 @@ pinned host buffers and copies it in whole (a few KB even at batch 256).
 Two host buffers because the copy is asynchronous: the step after may fill the other one while
 this one is still being read. Before a buffer is filled again, the event recorded after its
 last copy is waited for (in the engine that copy is long done: the engine has read the sampled
-ids of the step that made it). The sixteenth session's version, reverted after a served run lost
-throughput for a reason not found, pinned a fresh array for every copy instead.
+ids of the step that made it). A first version (4ecedd6, reverted in 6dc720a on 2026-11-24 after a
+served run lost throughput for a reason not found; BENCHMARKS.md) pinned a fresh array every copy.
 """
 
 from __future__ import annotations

@@ -269,7 +269,7 @@ GATE_UP_TILES_BY_BLOCK_T = {8: 1, 16: 1, 32: 2, 64: 2}
 # SMs) and 2 (810), not 4 (1,620). H100, bench_moe_gluon.py --ab-ws, µs a layer with / without: 20b
 # T=1 34.4 / 35.9, T=2 55.0 / 67.6; 120b T=1 38.0 / 39.2, T=2 58.5 / 72.1. Forced at every size, it
 # lost from 8 tokens on (20b T=32 179.3 / 165.8, 120b T=8 170.9 / 160.6), where the grid runs several
-# waves of three programs an SM (BENCHMARKS.md, fifteenth session).
+# waves of three programs an SM (H100, 2026-11-24; benchmarks/NOTES-moe.md).
 WS_BLOCK_T = (8, 16)
 WS_PROGRAMS_PER_SM = 8
 COPY_WARP = True  # the switch bench_decode.py --ab copy-warp flips; read at launch

@@ -2,7 +2,7 @@
 copy warp fills the shared-memory ring, and the MMA warpgroup only dequantises and multiplies.
 
 At small batches the MoE kernels are bound by what an SM issues per K step and by each step's
-chain of waits (NOTES-moe.md, fourteenth and fifteenth sessions). In k_loop (moe_gluon_loop.py) each
+chain of waits (NOTES-moe.md, the 2026-11-24 sections on the K loop). In k_loop (moe_gluon_loop.py) each
 of the warpgroup's threads also issues its share of the copies (per-thread addresses and masks,
 cp.async, the group wait, the CTA barriers the ring needs), and every warp waits for them. Here one
 extra warp does all of the copying:

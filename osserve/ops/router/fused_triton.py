@@ -18,7 +18,7 @@ partials at once (the split count is a compile-time constant, the loads unrolled
 trip to L2 instead of one per split. It reads only its block's real rows (FINISH_T, a power of
 two): with all 16 rows of 128 experts from 23 splits in flight its registers spilled. With the
 packed-key top-k (router_triton.topk_softmax_rows) that took 88 µs off the 120b's batch-1 step
-(BENCHMARKS.md, twenty-first session).
+(H100, 2026-11-25, 802f2c2: 2.702 -> 2.614 ms; benchmarks/history/2026-11-25-batch1-decode.md).
 
 When the batch is one token block (T <= BLOCK_T, decode), that last program also builds the
 MoE's routing plan (moe_align.build_plan) from the ids it just wrote: one launch fewer per layer.

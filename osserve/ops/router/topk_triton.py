@@ -33,9 +33,9 @@ def topk_softmax_rows(vals, alive, rows, row_ok, cols, w_ptr, ids_ptr, K: tl.con
     Each entry becomes one int64 key: its value's bits, made to order as a signed integer, above
     BLOCK_E - 1 - its column. So one max reduction a round finds the largest value and, among
     equal values, the lowest column, and the key found is struck out: K reductions, where a
-    value's max and then its lowest column took 2K + 1 (BENCHMARKS.md, twenty-first session:
-    at 120b, the top-k, bias and softmax were ~44 µs of a batch-1 step). Genuine -inf logits are
-    still picked once each, above the padding."""
+    value's max and then its lowest column took 2K + 1 (at 120b the top-k, bias and softmax were
+    ~44 µs of a batch-1 step: H100, 2026-11-25, benchmarks/history/2026-11-25-batch1-decode.md).
+    Genuine -inf logits are still picked once each, above the padding."""
     vals = tl.where(vals == 0.0, 0.0, vals)  # -0.0 orders below +0.0 as bits; they are one value
     ordered = _signed_order(vals.to(tl.int32, bitcast=True))
     low = (BLOCK_E - 1 - cols).to(tl.int64)
