@@ -192,7 +192,7 @@ class _Twice:
 
 def set_variant(variant: str, baseline_path: str | None) -> None:
     """The A/B switches, for this script only: module-level names the dispatchers read per call.
-    baseline-moe-kernel runs an older moe_swapped.py (bench_moe_decode.load_baseline) on
+    baseline-moe-kernel runs an older moe/swapped.py (bench_moe_decode.load_baseline) on
     row-major scales in place of the current swapped kernel."""
     import osserve.ops.attention.decode_triton as decode_attention
     import osserve.ops.linear.small_m_triton as linear_triton
@@ -248,11 +248,11 @@ def main() -> None:
                          "fused and the small-M Triton linear), router (cuBLAS + top-k kernel vs the fused "
                          "small-batch kernel), moe (token-tiled kernel at decode vs the swapped one) or async "
                          "(each step finished before the next is scheduled vs async scheduling) or kernel "
-                         "(an older moe_swapped.py, --baseline, vs the current one) or gluon (the Triton swapped "
+                         "(an older moe/swapped.py, --baseline, vs the current one) or gluon (the Triton swapped "
                          "kernel vs the Gluon one) or pdl (kernels launched one after the other vs with "
                          "programmatic dependent launch, ops/pdl.py) or prefetch (with PDL, the kernels "
                          "without vs with their L2 prefetches before the wait) or copy-warp (the MoE's K loops "
-                         "without vs with a copy warp at batch 1-2, moe_gluon_ws.py) or router-splits / "
+                         "without vs with a copy warp at batch 1-2, moe/gluon_ws.py) or router-splits / "
                          "router-splits-more (the fused router's H splits for one token block: 8, then 1, 2, 4, "
                          "16; 8, 16, 32, 45) or attn-partition (decode attention's MIN_PARTITION: 256, then "
                          "128, 512, 1024) or down-per-sm (the down GEMM's K split to 2, then 1, 3, 4 programs an "
@@ -263,7 +263,7 @@ def main() -> None:
     ap.add_argument("--variant", default=None,
                     help="one variant, in place of --ab's list: any --ab variant, or one of "
                          f"router_parts.VARIANTS {', '.join(router_parts.VARIANTS)} (one per process)")
-    ap.add_argument("--baseline", default=None, help="for --ab kernel: the older moe_swapped.py")
+    ap.add_argument("--baseline", default=None, help="for --ab kernel: the older moe/swapped.py")
     args = ap.parse_args()
     rows, results = [], {}
     variants = (args.variant,) if args.variant else AB_VARIANTS[args.ab] if args.ab else ("",)

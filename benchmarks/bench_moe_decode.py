@@ -1,5 +1,5 @@
-"""Decode-size MoE: the swapped kernel (weights as the dot's left operand, moe_swapped.py) against
-the token-tiled fused kernel (moe_triton.py), same run, gpt-oss-20b and -120b shapes.
+"""Decode-size MoE: the swapped kernel (weights as the dot's left operand, moe/swapped.py) against
+the token-tiled fused kernel (moe/tiled.py), same run, gpt-oss-20b and -120b shapes.
 
 Run on the GPU: PYTHONPATH=$PWD python3 benchmarks/bench_moe_decode.py [--tokens 1,32] [--no-sweep]
 [--baseline OLD_moe_swapped.py]
@@ -58,7 +58,7 @@ def row_major_scales(p: PreparedExperts) -> PreparedExperts:
 
 
 def load_baseline(path: str | None):  # type: ignore[no-untyped-def]
-    """An older moe_swapped.py (e.g. `git show REV:osserve/ops/moe/swapped.py > F`) to time in the
+    """An older moe/swapped.py (e.g. `git show REV:osserve/ops/moe/swapped.py > F`) to time in the
     same run; it reads row-major scales."""
     if not path or not os.path.exists(path):
         return None
@@ -105,7 +105,7 @@ def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--tokens", default="1,8,32,64,256,1024")
-    parser.add_argument("--baseline", help="an older moe_swapped.py to time beside the current one")
+    parser.add_argument("--baseline", help="an older moe/swapped.py to time beside the current one")
     parser.add_argument("--no-sweep", action="store_true", help="time the default configurations only")
     args = parser.parse_args()
     baseline = load_baseline(args.baseline)

@@ -1,5 +1,5 @@
-"""The Gluon MoE kernel (moe_gluon.py, MMA-fragment weight layout) against the Triton swapped kernel
-(moe_swapped.py, the engine's default before it), same run, gpt-oss-20b and -120b shapes.
+"""The Gluon MoE kernel (moe/gluon.py, MMA-fragment weight layout) against the Triton swapped kernel
+(moe/swapped.py, the engine's default before it), same run, gpt-oss-20b and -120b shapes.
 
 Run on the GPU: PYTHONPATH=$PWD python3 benchmarks/bench_moe_gluon.py [--tokens 1,8,32,256] [--profile]
 [--quick | --grid 3,4:8,16]
@@ -62,7 +62,7 @@ def main() -> None:
     parser.add_argument("--grid", default=None, metavar="STAGES:TILES",
                         help="only these variants, e.g. 3,4,6:8,16 (ring depths x token tiles, 1 program per SM)")
     parser.add_argument("--ab-ws", action="store_true",
-                        help="with --quick: also time the K loops without the copy warp (moe_gluon_ws.py)")
+                        help="with --quick: also time the K loops without the copy warp (moe/gluon_ws.py)")
     args = parser.parse_args()
     tokens = [int(t) for t in args.tokens.split(",")]
     props = torch.cuda.get_device_properties(0)

@@ -1,4 +1,4 @@
-"""Leave-out variants of the fused decode router (router_gemm_triton.py), for bench_decode.py
+"""Leave-out variants of the fused decode router (router/fused_triton.py), for bench_decode.py
 --variant: each swaps one of the kernel's parts for a few plain stores, so that the TPOT difference
 is that part's cost on the step's critical path. The routing they produce is fixed (token t's k
 experts are 0..k-1: batch 1 still reads four experts), so outputs are garbage: timing only.

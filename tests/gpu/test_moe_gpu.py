@@ -1,6 +1,6 @@
 """The fused MXFP4 MoE kernels at gpt-oss-20b shapes on the GPU, bf16 against a float32 reference:
-the token-tiled kernel (moe_triton.py), the weights-as-left-operand ones (moe_swapped.py in Triton,
-moe_gluon.py in Gluon on Hopper), their K split forced on and off."""
+the token-tiled kernel (moe/tiled.py), the weights-as-left-operand ones (moe/swapped.py in Triton,
+moe/gluon.py in Gluon on Hopper), their K split forced on and off."""
 
 from __future__ import annotations
 
@@ -74,7 +74,7 @@ def test_gluon_matches_float32_reference(layer, fragments, num_tokens: int, mode
     """K = 2880 ends on a 64-column tail step; 5000 tokens run as two chunks. The variants: K split
     (to 2 programs per SM, and to the most), each token tile, shared-memory rings of 2-4 steps, one
     or two 64-row gate/up tiles per program, the down GEMM's K split alone, the K loops with and
-    without a copy warp (moe_gluon_ws.py)."""
+    without a copy warp (moe/gluon_ws.py)."""
     experts, _ = layer
     x = torch.randn(num_tokens, HIDDEN, device="cuda").bfloat16()
     weights, ids = random_routing(num_tokens, EXPERTS, TOP_K, mode, device="cuda")
@@ -175,7 +175,7 @@ def test_gluon_small_shapes() -> None:
             out = moe_gluon.fused_moe_gluon(x, weights.bfloat16(), ids, prepared, LIMIT, stages=stages,
                                             gate_up_tiles=tiles)
             assert _rel_err(out, ref) < 1e-2, (stages, tiles)
-        for bt in (8, 16):  # the copy warp's loops (moe_gluon_ws.py)
+        for bt in (8, 16):  # the copy warp's loops (moe/gluon_ws.py)
             out = moe_gluon.fused_moe_gluon(x, weights.bfloat16(), ids, prepared, LIMIT, bt, stages=stages, ws=True)
             assert _rel_err(out, ref) < 1e-2, (stages, bt)
 

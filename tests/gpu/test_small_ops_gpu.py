@@ -318,7 +318,7 @@ def test_add_norm_route_with_plan_gpu(t: int, e: int, splits: int) -> None:
 
 
 def test_logits_and_greedy_with_nan_on_the_real_vocab() -> None:
-    """NaN logits on the GPU (head_triton.py): as torch.argmax, the first NaN wins, even where a
+    """NaN logits on the GPU (linear/head_triton.py): as torch.argmax, the first NaN wins, even where a
     larger number comes first (token 0: NaN at rows 7,000 and 150,000, 10.0 at row 5), and an all-NaN
     row gives 0 (token 1), never an id past the vocabulary."""
     from osserve.ops.linear.head_triton import logits_and_greedy_triton

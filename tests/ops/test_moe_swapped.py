@@ -1,4 +1,4 @@
-"""The weights-as-left-operand MoE kernel (moe_swapped.py) against moe_reference, in float32 under
+"""The weights-as-left-operand MoE kernel (moe/swapped.py) against moe_reference, in float32 under
 TRITON_INTERPRET=1 on CPU: routings with empty and overloaded experts, K masks, N masks, and the
 split-K path (partial sums, the SwiGLU reduction kernel, a last split shorter than the others)."""
 

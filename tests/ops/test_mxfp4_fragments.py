@@ -1,4 +1,4 @@
-"""The Gluon MoE kernel's weight layout (mxfp4_fragments.py) on the CPU: packing the checkpoint's
+"""The Gluon MoE kernel's weight layout (mxfp4/fragments.py) on the CPU: packing the checkpoint's
 MXFP4 blocks and dequantising them with the PTX's rotations and masks (emulated bit for bit) gives
 back exactly the checkpoint's values. (The kernel itself needs a Hopper GPU: tests/gpu.)"""
 
@@ -91,7 +91,7 @@ def test_k_must_be_whole_64_column_steps() -> None:
 
 def test_prepared_gate_up_rows_pair_gate_and_up_of_eight_columns() -> None:
     """prepare_mxfp4_experts(fragments=True): each 16 rows of gate/up are 8 columns' gates, then
-    the same columns' ups (row r and r + 8 in one MMA thread: moe_gluon.py's _split_pairs)."""
+    the same columns' ups (row r and r + 8 in one MMA thread: moe/gluon.py's _split_pairs)."""
     from osserve.ops.moe.layout import prepare_mxfp4_experts
     from tests.ops.moe_fixtures import random_experts
 

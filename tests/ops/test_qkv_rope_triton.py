@@ -1,4 +1,4 @@
-"""The decode attention's input kernel (q/k/v projection + RoPE + KV-cache write, qkv_rope_triton.py)
+"""The decode attention's input kernel (q/k/v projection + RoPE + KV-cache write, rope/qkv_rope_triton.py)
 against the unfused path it replaces (projection, split, rope_and_cache_table_reference), under
 TRITON_INTERPRET=1 on CPU: odd hidden sizes (a ragged K step), padded rows (slot -1), GQA. float32
 only: the interpreter's tl.dot on bf16 operands returns garbage (linear_triton's kernel too); the

@@ -36,7 +36,7 @@ def interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
-@triton.jit(do_not_specialize=["window", "stride_bt"])  # per-step sizes: no recompiles (attention_triton.py)
+@triton.jit(do_not_specialize=["window", "stride_bt"])  # per-step sizes: no recompiles (attention/paged_triton.py)
 def _decode_kernel(
     q_ptr, k_ptr, v_ptr, o_ptr, sinks_ptr, qsl_ptr, seq_lens_ptr, bt_ptr,
     part_acc_ptr,  # [B, H, NUM_SPLITS, D] fp32 (only with NUM_SPLITS > 1)

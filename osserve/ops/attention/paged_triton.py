@@ -1,5 +1,5 @@
 """Triton paged attention with sinks and sliding window: the prefill / mixed-batch kernel, the
-entry point, and a Triton `write_kv`. The decode kernel (split-KV) is in attention_triton_decode.py.
+entry point, and a Triton `write_kv`. The decode kernel (split-KV) is in attention/decode_triton.py.
 
 Same function as `attention.paged_attention_reference`; all metadata lives on the device and the
 host passes only the ints it already knows (max_query_len, max_seq_len), so nothing here syncs.

@@ -68,7 +68,7 @@ def small_m_dot(w_rows, x_cols, n_ok, m_ok, k_start, k_end, BLOCK_N: tl.constexp
                 DOT_PRECISION: tl.constexpr):  # noqa: ANN001, ANN201
     """acc [BLOCK_N, BLOCK_M] = W[rows, k_start:k_end] · x[:, k_start:k_end]ᵀ in fp32, streamed
     through a NUM_STAGES-deep pipeline. w_rows [BLOCK_N, 1] and x_cols [1, BLOCK_M] point at
-    column 0; EVEN_K: every step is whole. Shared with qkv_rope_triton.py."""
+    column 0; EVEN_K: every step is whole. Shared with rope/qkv_rope_triton.py."""
     acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
     for k in tl.range(k_start, k_end, BLOCK_K, num_stages=NUM_STAGES):
         rk = k + tl.arange(0, BLOCK_K)
@@ -90,7 +90,7 @@ def small_m_block(x_ptr, w_ptr, pid, M, N, k_start, k_end, stride_xm, stride_wn,
     """A program's part of the product: weight rows pid * BLOCK_N + [0, BLOCK_N) against every token,
     over columns [k_start, k_end). Prefetches the rows into L2 and waits for the predecessor
     (ops/pdl.py) first. Returns (acc [BLOCK_N, BLOCK_M] fp32, rows, tokens, rows' mask, tokens' mask).
-    Shared with head_triton.py."""
+    Shared with linear/head_triton.py."""
     rn = pid * BLOCK_N + tl.arange(0, BLOCK_N)
     rm = tl.arange(0, BLOCK_M)
     n_ok = rn < N

@@ -3,7 +3,7 @@ Triton kernel) and run cuBLAS on that expert's rows.
 
 With thousands of rows per expert the matmuls are compute-bound, and cuBLAS's bf16 GEMMs beat
 a 4-bit in-register kernel that must dequantise the same tile again for every block of rows.
-Decode-size batches use the fused kernels (moe_gluon.py, moe_swapped.py) instead.
+Decode-size batches use the fused kernels (moe/gluon.py, moe/swapped.py) instead.
 
 Around the GEMMs everything is one pass: the clamped SwiGLU reads the interleaved gate/up rows
 once, and one kernel gathers each token's k expert rows, weights and sums them. (In PyTorch ops

@@ -1,10 +1,10 @@
 """Fused MXFP4 MoE on Hopper in Gluon: 4-bit weights dequantised straight into MMA registers.
 
 Same plan as swapped.py (W @ X^T: weights are the warpgroup MMA's left operand, BLOCK_T token
-slots its N; routing plan from moe_align.py; split K at small grids; same epilogues), but written
-in Gluon, where the register layouts are ours to state. The K loop (moe_gluon_loop.py) copies each
+slots its N; routing plan from moe/plan.py; split K at small grids; same epilogues), but written
+in Gluon, where the register layouts are ours to state. The K loop (moe/gluon_loop.py) copies each
 step's weights, scales and activations into a shared-memory ring with cp.async and dequantises the
-weights into exactly the MMA's operand registers (at batch 1-2, moe_gluon_ws.py's loop instead: a
+weights into exactly the MMA's operand registers (at batch 1-2, moe/gluon_ws.py's loop instead: a
 copy warp fills the ring by TMA); here are the two GEMM kernels, their epilogues and their launch:
 - gate/up rows are paired (mxfp4_fragments.pair_eights), so each 64-row tile yields 32 finished
   SwiGLU columns: a program takes one tile (small batches: twice the programs) or two (one
@@ -77,7 +77,7 @@ def _out_rows(row0, N, pid_t, ROWS: gl.constexpr, BLOCK_T: gl.constexpr, layout:
 
 @gluon.jit
 def _first_word_and_scale(expert, tile, stride_we, stride_wt, stride_se, stride_st):
-    """Offsets of an expert's 64-row tile's first word and scale byte (tile-major, mxfp4_fragments.py)."""
+    """Offsets of an expert's 64-row tile's first word and scale byte (tile-major, mxfp4/fragments.py)."""
     tile = tile.to(gl.int64)
     return (expert * stride_we + tile * stride_wt).to(gl.int32), (expert * stride_se + tile * stride_st).to(gl.int32)
 
@@ -144,7 +144,7 @@ def _gate_up_kernel(
     """w's rows are paired (mxfp4_fragments.pair_eights): a 64-row tile is 32 columns' gate and up.
     A program takes TILES (1 or 2) consecutive tiles: 2 shares each activation step between two
     MMAs, 1 makes twice the programs (batch 1: 360 instead of 180 for 132 SMs). WS: the K loop with
-    a copy warp (moe_gluon_ws.py; one tile)."""
+    a copy warp (moe/gluon_ws.py; one tile)."""
     pdl_enter_gluon(PDL)
     pid_t, pid_s, pid_w = _program(num_t_blocks, num_splits)
     if pid_t * BLOCK_T >= gl.load(num_padded_ptr):
@@ -264,7 +264,7 @@ DOWN_PROGRAMS_PER_SM = 2
 # 326.2 vs 316.9 (32), T=1024 863.4 vs 790.9 (64); 120b T=256 991.7 vs 1001.2 (16), T=1024 1504.5
 # vs 1458.7 (32).
 GATE_UP_TILES_BY_BLOCK_T = {8: 1, 16: 1, 32: 2, 64: 2}
-# The K loops with a copy warp (moe_gluon_ws.py) where the gate/up grid is at most WS_PROGRAMS_PER_SM
+# The K loops with a copy warp (moe/gluon_ws.py) where the gate/up grid is at most WS_PROGRAMS_PER_SM
 # programs an SM by used_tiles' bound (8- and 16-token tiles, one tile a program): batch 1 (450 on 132
 # SMs) and 2 (810), not 4 (1,620). H100, bench_moe_gluon.py --ab-ws, µs a layer with / without: 20b
 # T=1 34.4 / 35.9, T=2 55.0 / 67.6; 120b T=1 38.0 / 39.2, T=2 58.5 / 72.1. Forced at every size, it
@@ -296,8 +296,8 @@ def fused_moe_gluon(
     defaults: PROGRAMS_PER_SM and DOWN_PROGRAMS_PER_SM per SM. gate_up_tiles: 64-row tiles per
     gate/up program (1 or 2; default by token tile, GATE_UP_TILES_BY_BLOCK_T). plan: topk_ids'
     routing plan for this batch's token tile, if the router built it (else one is built here). ws: the
-    K loops with a copy warp (moe_gluon_ws.py; default: WS_BLOCK_T tiles at small grids)."""
-    if x.shape[0] > MAX_TOKENS:  # moe_swapped's bound: larger batches run in chunks of that many tokens
+    K loops with a copy warp (moe/gluon_ws.py; default: WS_BLOCK_T tiles at small grids)."""
+    if x.shape[0] > MAX_TOKENS:  # swapped.py's bound: larger batches run in chunks of that many tokens
         return torch.cat([fused_moe_gluon(x[i:i + MAX_TOKENS], topk_weights[i:i + MAX_TOKENS],
                                           topk_ids[i:i + MAX_TOKENS], prepared, swiglu_limit, block_t, min_programs,
                                           stages, down_min_programs, gate_up_tiles, ws=ws)

@@ -1,8 +1,8 @@
-"""The K loop of the Gluon MoE kernels (moe_gluon.py): one 64-row weight tile (or two) of 4-bit
+"""The K loop of the Gluon MoE kernels (moe/gluon.py): one 64-row weight tile (or two) of 4-bit
 experts against BLOCK_T activation rows, from global memory through a cp.async shared-memory ring
 into dequantised warpgroup-MMA operands.
 
-- The weights are stored in MMA-fragment order (mxfp4_fragments.py), and each thread copies the
+- The weights are stored in MMA-fragment order (mxfp4/fragments.py), and each thread copies the
   16 bytes per row that become exactly its own left-operand registers: the dequantised tile needs
   no layout conversion (checked at compile time: `assert_trivial`). They are stored tile-major, so
   a K step of a 64-row tile is one contiguous run of 4 KB (and 256 bytes of scales).
@@ -23,7 +23,7 @@ from osserve.ops.pdl import pdl_enter_gluon
 
 DEQUANT_PTX = gl.constexpr(_PTX)
 BLOCK_K = gl.constexpr(128)  # K per step
-# The tile-major layout (mxfp4_fragments.py): a row's K step is ROW_W words and ROW_S scales, a
+# The tile-major layout (mxfp4/fragments.py): a row's K step is ROW_W words and ROW_S scales, a
 # 64-row tile's K step STEP_W words and STEP_S scales.
 ROW_W = gl.constexpr(STEP_WORDS)
 ROW_S = gl.constexpr(STEP_SCALES)
@@ -168,7 +168,7 @@ def k_loop(wa_ptrs, sa_ptrs, b_off_w, b_off_s, x_ptrs, x_ok, w_mask, word, kcol,
 
 @gluon.jit
 def weight_pointers(w_ptr, s_ptr, expert, tile, N, stride_we, stride_wt, stride_se, stride_st, W_LAYOUT: gl.constexpr):
-    """Pointers to the first K step of an expert's 64-row tile `tile` (tile-major, mxfp4_fragments.py:
+    """Pointers to the first K step of an expert's 64-row tile `tile` (tile-major, mxfp4/fragments.py:
     a step is [64 rows, 16 words] and [64 rows, 4 scales]): words [64, 16], each word's scale, and the
     row mask (rows < N)."""
     row = gl.arange(0, 64, layout=gl.SliceLayout(1, W_LAYOUT))

@@ -1,12 +1,12 @@
-"""The warp-specialized K loop of the Gluon MoE kernels (moe_gluon.py), for one 64-row weight tile: a
+"""The warp-specialized K loop of the Gluon MoE kernels (moe/gluon.py), for one 64-row weight tile: a
 copy warp fills the shared-memory ring, and the MMA warpgroup only dequantises and multiplies.
 
 At small batches the MoE kernels are bound by what an SM issues per K step and by each step's
-chain of waits (NOTES-moe.md, the 2026-11-24 sections on the K loop). In k_loop (moe_gluon_loop.py) each
+chain of waits (NOTES-moe.md, the 2026-11-24 sections on the K loop). In k_loop (moe/gluon_loop.py) each
 of the warpgroup's threads also issues its share of the copies (per-thread addresses and masks,
 cp.async, the group wait, the CTA barriers the ring needs), and every warp waits for them. Here one
 extra warp does all of the copying:
-- a K step's words (one contiguous 4 KB run, mxfp4_fragments.py) and scales (256 bytes) by two bulk
+- a K step's words (one contiguous 4 KB run, mxfp4/fragments.py) and scales (256 bytes) by two bulk
   tensor copies (TMA); K's 64-column tail step's words, a [64, 8] block of their own, by a third,
   into a buffer of their own;
 - the step's activation rows by cp.async (they are gathered by token, so not a TMA box).
@@ -67,7 +67,7 @@ TAIL_LAYOUT = gl.constexpr(gl.DistributedLinearLayout(
 
 
 def descriptors(w: torch.Tensor, s: torch.Tensor) -> tuple[TensorDescriptor, TensorDescriptor, TensorDescriptor]:
-    """TMA descriptors of a PreparedExperts' tile-major words and scales (mxfp4_fragments.py) as
+    """TMA descriptors of a PreparedExperts' tile-major words and scales (mxfp4/fragments.py) as
     tables of 16 words, 8 words (tail steps) and 16 scale bytes a row."""
     assert w.is_contiguous() and s.is_contiguous() and w.dtype == torch.int32 and s.dtype == torch.uint8
     assert w.numel() < 2**31 and s.numel() < 2**31, "the kernels' word and scale offsets are int32"

@@ -33,7 +33,7 @@ def _group_major(scales: torch.Tensor) -> torch.Tensor:
 
 def prepare_mxfp4_experts(experts: ExpertWeights, fragments: bool = False) -> PreparedExperts:
     """Rearrange the checkpoint's MXFP4 tensors once (at load) into the kernels' layout: the Triton
-    kernels' re-paired nibbles, or with `fragments` the Gluon kernel's (moe_gluon.py)."""
+    kernels' re-paired nibbles, or with `fragments` the Gluon kernel's (moe/gluon.py)."""
     assert experts.gate_up_blocks is not None and experts.gate_up_scales is not None
     assert experts.down_blocks is not None and experts.down_scales is not None
 

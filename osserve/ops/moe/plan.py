@@ -7,7 +7,7 @@ value T*k, so that every BLOCK_M-row tile of the GEMMs belongs to exactly one ex
 Both ways of building it run on the device: a histogram over experts, an exclusive cumsum of the
 padded counts, then a stable scatter. No host sync and buffer sizes depend only on (T, k, E,
 BLOCK_M), so the decode path is CUDA-graph capturable. At batches of one router token block the
-fused router's last program builds it (`build_plan`, router_gemm_triton.py), which saves a launch;
+fused router's last program builds it (`build_plan`, router/fused_triton.py), which saves a launch;
 above, its own launch does (`align_tokens`), one program per expert. One token's plan
 (`plan_one_token`) keeps its tiles in slot order rather than expert order: the MoE kernels read
 each tile's expert on its own and never rely on the order.

@@ -1,6 +1,6 @@
 """Fused MXFP4 MoE for batches up to 4096 tokens: the weights are the left operand (W @ X^T).
 
-moe_triton.py tiles each expert's GEMM as X [tokens, K] @ W^T: a tile holds BLOCK_M token rows,
+moe/tiled.py tiles each expert's GEMM as X [tokens, K] @ W^T: a tile holds BLOCK_M token rows,
 so at decode (one to a few tokens per expert) 16 rows are computed for every real one, and the
 dequantised weights must be moved into the dot's right-operand layout through shared memory.
 Here the roles are swapped: a program owns BLOCK_W weight rows (the dot's M, 64 feeds one Hopper
@@ -8,10 +8,10 @@ warpgroup MMA) and BLOCK_T token slots (the dot's N, as small as 16), so the 4-b
 dequantised in registers straight into the left operand and each weight byte is read once per
 BLOCK_T slots. When a batch hits few experts (batch 1: 4 experts, ~180 programs per GEMM) K is
 split so that enough loads are in flight; float32 partial sums are added in a small SwiGLU
-kernel (GEMM1) and in the final sum over the k experts (GEMM2). Same routing plan (moe_align.py),
+kernel (GEMM1) and in the final sum over the k experts (GEMM2). Same routing plan (moe/plan.py),
 same weight layout (PreparedExperts), same function as moe_reference.
 
-The dequantiser is moe_triton.py's (bit placement, or its inline PTX with FAST); Triton's own
+The dequantiser is moe/tiled.py's (bit placement, or its inline PTX with FAST); Triton's own
 `tl.dot_scaled` (e2m1 x bf16) computes the same function but measured 1.2-2x slower in every
 configuration tried on the H100 (NOTES-moe.md).
 """
@@ -45,7 +45,7 @@ class SwappedConfig:
     block_k2: int
     warps2: int
     stages2: int
-    fast_dequant: bool = False  # moe_triton.py's inline-PTX dequantiser
+    fast_dequant: bool = False  # moe/tiled.py's inline-PTX dequantiser
 
 
 # Keyed by the most token slots an expert gets on average (T * top_k / E): the token tile follows
@@ -56,7 +56,7 @@ CONFIGS: dict[int, SwappedConfig] = {
     16: SwappedConfig(32, 64, 128, 4, 3, 64, 128, 4, 3, True),
     1 << 30: SwappedConfig(64, 64, 128, 4, 3, 64, 128, 4, 3, True),
 }
-MAX_TOKENS = 4096  # above, fused_moe (moe.py) takes the dense path or moe_triton.py's token-tiled kernel
+MAX_TOKENS = 4096  # above, fused_moe (moe.py) takes the dense path or moe/tiled.py's token-tiled kernel
 PROGRAMS_PER_SM = 2  # split K below this many programs per GEMM (split_k); 2 was best at batch 1
 SWIGLU_BLOCK_N = 256
 
@@ -373,7 +373,7 @@ def compile_kernels(
 ) -> None:
     """Run each configuration once (batch 1 with split K, then each slot bucket's largest batch up
     to MAX_TOKENS), so that no serving step waits seconds for a compile it meets first. `moe` and
-    its slot buckets: this file's kernel by default, moe_gluon.py's with its own."""
+    its slot buckets: this file's kernel by default, moe/gluon.py's with its own."""
     device = prepared.w1.device
     rng = torch.Generator(device).manual_seed(0)  # leaves the global generator's stream alone
     largest = [min(MAX_TOKENS, bound * prepared.num_experts // top_k) for bound in slot_bounds]

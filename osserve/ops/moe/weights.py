@@ -30,7 +30,7 @@ class PreparedExperts:
     s2: torch.Tensor  # [E, H, I/32] uint8, stored group-major
     b2: torch.Tensor  # [E, H] float32
     # True: w1/w2 are int32 words in MMA-fragment order, stored with s1/s2 tile-major
-    # (mxfp4_fragments.py), for moe_gluon.py; w is then [E, rows/64, 64*K/8], s [E, rows/64, K steps, 64, 4].
+    # (mxfp4/fragments.py), for moe/gluon.py; w is then [E, rows/64, 64*K/8], s [E, rows/64, K steps, 64, 4].
     fragments: bool = False
     # moe_gluon_ws.descriptors of (w1, s1) and of (w2, s2), made at the first launch that needs them
     descriptors: tuple = field(default=(), repr=False, compare=False)

@@ -1,6 +1,6 @@
 """MXFP4 expert weights laid out as Hopper MMA left-operand fragments (the Gluon MoE kernel's layout).
 
-The Gluon kernel (moe_gluon.py) computes W @ X^T with the 4-bit weights W as the warpgroup MMA's
+The Gluon kernel (moe/gluon.py) computes W @ X^T with the 4-bit weights W as the warpgroup MMA's
 left operand, which Hopper reads from registers. A thread of a 4-warp warpgroup holds, for a
 64-row x 128-column (K step) tile, rows g and g+8 of its warp's 16 (g = lane // 4) and of each
 16-column block the columns 2q, 2q+1, 2q+8, 2q+9 (q = lane % 4): 64 values. Here each row's K
@@ -107,7 +107,7 @@ STEP_SCALES = 4  # scale groups per row in a K step
 
 
 def _row_tiles(rows: int) -> int:
-    assert rows % ROW_TILE == 0, "the fragment layout needs whole 64-row tiles (moe_gluon.supported)"
+    assert rows % ROW_TILE == 0, "the fragment layout needs whole 64-row tiles (gluon.supported)"
     return rows // ROW_TILE
 
 
@@ -173,7 +173,7 @@ def pair_eights(t: torch.Tensor) -> torch.Tensor:
     8 gate rows then the same 8 columns' up rows: block b = gates 8b..8b+7, ups 8b..8b+7.
 
     A warp's 16 MMA rows then hold gate and up of 8 columns, and the thread with row g also has row
-    g + 8: its accumulator has both halves of each of its SwiGLUs (moe_gluon.py), whatever the
+    g + 8: its accumulator has both halves of each of its SwiGLUs (moe/gluon.py), whatever the
     number of 64-row tiles a program takes."""
     e, rows, *rest = t.shape
     assert rows % 16 == 0, "pairing needs the intermediate size a multiple of 8"

@@ -1,4 +1,4 @@
-"""Which RMSNorm implementation runs: the one-pass Triton kernels (norm_triton.py) on CUDA
+"""Which RMSNorm implementation runs: the one-pass Triton kernels (norm/norm_triton.py) on CUDA
 tensors, the reference elsewhere. The entries' contracts are stated in reference.py."""
 
 from __future__ import annotations

@@ -25,8 +25,8 @@ from osserve.ops.pdl import pdl_enter, pdl_launch
 def add_parts(x_ptr, res_ptr, x_offs, res_offs, mask, stride_xs, stride_xj, PARTS_S: tl.constexpr,
               PARTS_J: tl.constexpr, dtype: tl.constexpr):  # noqa: ANN001, ANN201
     """x + residual at the offsets given (any shape), the new residual in dtype. An unreduced x is
-    summed first: splits outer, experts inner, in float32, rounded once, as moe_swapped.sum_experts
-    adds. Shared with the router that takes the post-attention norm (router_gemm_triton.py)."""
+    summed first: splits outer, experts inner, in float32, rounded once, as moe/swapped.py's sum_experts
+    adds. Shared with the router that takes the post-attention norm (router/fused_triton.py)."""
     if PARTS_S * PARTS_J == 1:
         x = tl.load(x_ptr + x_offs, mask=mask, other=0.0).to(tl.float32)
     else:

@@ -1,6 +1,6 @@
 """RMSNorm, as gpt-oss computes it: in float32, weight applied before casting back. This file is
 the specification; dispatch.py's `add_rms_norm` / `embed_rms_norm` run the one-pass Triton kernels
-(norm_triton.py) on CUDA tensors.
+(norm/norm_triton.py) on CUDA tensors.
 
 The x of `add_rms_norm` may come unreduced, [S, T, k, H]: as the fused MoE leaves its output (K
 splits by each token's k experts, see ops/moe/reference.py), or a decode projection its K-split partials

@@ -1,6 +1,6 @@
 """Which RoPE + KV-cache-write implementation runs: on CUDA at decode sizes one kernel projects q/k/v,
-rotates q and k and stores k and v (qkv_rope_triton.py); otherwise the projection, then one kernel
-for the rotation and the cache write (rope_triton.py); elsewhere the reference."""
+rotates q and k and stores k and v (rope/qkv_rope_triton.py); otherwise the projection, then one kernel
+for the rotation and the cache write (rope/rope_triton.py); elsewhere the reference."""
 
 from __future__ import annotations
 
@@ -43,7 +43,7 @@ def qkv_rope_and_cache(
     slot_mapping: torch.Tensor,  # [T] int64, -1: not stored
 ) -> torch.Tensor:
     """Project x to q, k, v, rotate q and k, store k and v at their slots; returns q [T, H, D].
-    On CUDA at decode sizes one kernel does it all (qkv_rope_triton.py); otherwise the
+    On CUDA at decode sizes one kernel does it all (rope/qkv_rope_triton.py); otherwise the
     projection, then rope_and_cache_table."""
     head_dim = weight.shape[0] // (num_heads + 2 * num_kv_heads)
     if use_triton(x):

@@ -1,8 +1,8 @@
 """Attention's input at decode in one kernel: the fused q/k/v projection, RoPE on q and k, and
 the paged KV-cache write, for T <= linear_triton.MAX_TOKENS tokens.
 
-Unfused, a decode layer runs the small-M projection (linear_triton.py) and then the RoPE +
-cache-write kernel (rope_triton.py): a whole launch, ~2.7 µs of latency, for ~10 KB of work
+Unfused, a decode layer runs the small-M projection (linear/small_m_triton.py) and then the RoPE +
+cache-write kernel (rope/rope_triton.py): a whole launch, ~2.7 µs of latency, for ~10 KB of work
 at batch 1. Here the projection's epilogue does it. A program owns one head's rows (q, k or v),
 streamed by the small-M linear's loop (linear_triton.small_m_dot), and splits the [2·HALF, T] result into
 its two halves in registers, so that rotate-half (x1' = x1·c − x2·s, x2' = x2·c + x1·s) is

@@ -54,7 +54,7 @@ def route_with_plan(
     x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, top_k: int, counters: torch.Tensor | None,
     plan_block_m: int | None,
 ) -> tuple[torch.Tensor, torch.Tensor, RoutingPlan | None]:
-    """route, plus the MoE's routing plan for token tiles of plan_block_m (moe_align.align_tokens'
+    """route, plus the MoE's routing plan for token tiles of plan_block_m (moe/plan.py's align_tokens'
     result) where the fused router builds it in the same launch (CUDA, one token block: decode);
     otherwise None, and the MoE builds its own. plan_block_m None: no plan wanted."""
     block_m = _fused_plan_block_m(x, weight.shape[0], top_k, plan_block_m)

@@ -21,8 +21,8 @@ packed-key top-k (router_triton.topk_softmax_rows) that took 88 µs off the 120b
 (H100, 2026-11-25, 802f2c2: 2.702 -> 2.614 ms; benchmarks/history/2026-11-25-batch1-decode.md).
 
 When the batch is one token block (T <= BLOCK_T, decode), that last program also builds the
-MoE's routing plan (moe_align.build_plan) from the ids it just wrote: one launch fewer per layer.
-At one token it writes the plan from the ids still in its registers (moe_align.plan_one_token).
+MoE's routing plan (moe/plan.py's build_plan) from the ids it just wrote: one launch fewer per layer.
+At one token it writes the plan from the ids still in its registers (moe/plan.py's plan_one_token).
 
 Up to NORM_MAX_TOKENS tokens the router can also take the post-attention residual add + RMSNorm
 (router_norm_plan_triton): its input is then the attention output (unreduced K-split partials
@@ -269,7 +269,7 @@ def router_plan_triton(
     block_m: int, split: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, RoutingPlan]:
     """router_gemm_topk_triton, plus the MoE's routing plan for token tiles of block_m
-    (moe_align.align_tokens' result), from the same launch. T <= BLOCK_T (fits_router_plan)."""
+    (moe/plan.py's align_tokens' result), from the same launch. T <= BLOCK_T (fits_router_plan)."""
     assert fits_router_plan(x.shape[0]), x.shape
     weights, ids, plan = _launch(x, weight, bias, top_k, counters, split, block_m)
     assert plan is not None
