@@ -16,7 +16,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from osserve.engine.core.outputs import CompletionDelta
-from osserve.errors import InvalidRequestError, ModelNotFoundError
+from osserve.errors import InvalidRequestError, NotFoundError
 from osserve.harmony.render import ChatMessage, FunctionTool, ToolCall, render_chat
 from osserve.harmony.stream import (
     ContentDelta,
@@ -105,7 +105,7 @@ async def get_response(response_id: str, request: Request) -> Any:
     state: ServerState = request.app.state.osserve
     item = state.responses.get(response_id)
     if item is None:
-        raise ModelNotFoundError(f"no stored response with id '{response_id}'", "response_id")
+        raise NotFoundError(f"no stored response with id '{response_id}'", "response_id")
     return JSONResponse(item.body)
 
 

@@ -32,7 +32,7 @@ def base() -> Iterator[str]:
     ({"model": "m", "messages": OK_MSG, "top_k": -5}, 400, "top_k"),
     ({"model": "m", "messages": "hi"}, 400, "messages"),
     ({"model": "m"}, 400, "messages"),
-    ({"model": "m", "messages": [{"role": "wizard", "content": "x"}]}, 400, "messages.0.role"),
+    ({"model": "m", "messages": [{"role": "wizard", "content": "x"}]}, 400, "messages[0].role"),
     ({"model": "other", "messages": OK_MSG}, 404, "model"),
     ({"model": "m", "messages": OK_MSG, "max_tokens": 5000}, 400, "max_tokens"),
     ({"model": "m", "messages": OK_MSG, "response_format": {"type": "json_schema",
@@ -86,3 +86,21 @@ def test_overload_is_503_with_retry_after() -> None:
     with serve(create_app(_Overloaded(), load_tokenizer(), ServerConfig(model_name="m"))) as url:
         r = httpx.post(url + CHAT, json={"model": "m", "messages": OK_MSG})
         assert r.status_code == 503 and r.headers["retry-after"] == "1"
+
+
+@pytest.mark.parametrize(("body", "code"), [
+    ({"model": "m"}, "missing_required_parameter"),
+    ({"model": "m", "messages": OK_MSG, "temperature": "hot"}, "invalid_type"),
+    ({"model": "m", "messages": OK_MSG, "top_p": 2}, "invalid_value"),
+    ({"model": "m", "messages": OK_MSG, "max_tokens": 5000}, "context_length_exceeded"),
+    ({"model": "other", "messages": OK_MSG}, "model_not_found"),
+])
+def test_error_codes_are_openai_strings(base: str, body: dict, code: str) -> None:
+    assert httpx.post(base + CHAT, json=body).json()["error"]["code"] == code
+
+
+def test_unknown_route_and_stored_response(base: str) -> None:
+    r = httpx.get(base + "/v1/nope")
+    assert r.status_code == 404 and r.json()["error"]["code"] == "unknown_url"
+    r = httpx.get(base + "/v1/responses/resp_nope")
+    assert r.status_code == 404 and r.json()["error"]["code"] is None  # a missing response is no missing model
