@@ -10,7 +10,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from osserve.engine.core.outputs import CompletionDelta
-from osserve.errors import InvalidRequestError
+from osserve.errors import EngineDeadError, InvalidRequestError
 from osserve.harmony.render import ChatMessage, FunctionTool, RenderedPrompt, ToolCall, render_chat
 from osserve.harmony.stream import (
     ContentDelta,
@@ -20,6 +20,7 @@ from osserve.harmony.stream import (
     ToolCallArgsDelta,
     ToolCallStart,
 )
+from osserve.server.errors import error_body
 from osserve.server.generation import (
     ServerState,
     choice_params,
@@ -122,10 +123,14 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Any
     choices[first[0]].feed(first[1])
     async for i, d in stream:
         choices[i].feed(d)
+    for c in choices:
+        if c.finish is not None and c.finish.finish_reason == "error":
+            raise EngineDeadError(c.finish.error or "the engine failed")
     out = []
     for i, c in enumerate(choices):
         parsed = c.parser.parsed
-        message: dict[str, Any] = {"role": "assistant", "content": parsed.content or None}
+        # `refusal` is required by OpenAI's schema; gpt-oss has no refusal channel, so it is always null.
+        message: dict[str, Any] = {"role": "assistant", "content": parsed.content or None, "refusal": None}
         reasoning = (parsed.reasoning or None) if body.include_reasoning else None
         message["reasoning"] = message["reasoning_content"] = reasoning
         if parsed.tool_calls:
@@ -167,9 +172,9 @@ async def _stream(state: ServerState, body: ChatCompletionRequest, rid: str, cre
                 yield chunk(i, {"tool_calls": [{"index": x.index, "function": {"arguments": x.text}}]})
             lp = None  # logprobs ride on the first chunk of the step
         if d.finished:
-            if d.finish_reason == "error":
-                yield sse({"error": {"message": d.error or "engine error", "type": "internal_error",
-                                     "param": None, "code": 500}})
+            if d.finish_reason == "error":  # the error ends this choice: no finish chunk to follow it
+                yield sse(error_body(d.error or "engine error", "internal_error"))
+                continue
             yield chunk(i, {}, c.finish_reason())
     if body.stream_options and body.stream_options.include_usage:
         yield sse({"id": rid, "object": "chat.completion.chunk", "created": created,
