@@ -31,16 +31,37 @@ from osserve.server.generation import (
     with_first,
 )
 from osserve.server.logprobs import chat_logprobs
-from osserve.server.protocol import ChatCompletionRequest
+from osserve.server.protocol import ChatCompletionRequest, ChatMessageIn
 
 router = APIRouter()
 
 
+TEXT_PARTS = ("text", "input_text")
+
+
+def message_text(index: int, message: ChatMessageIn) -> str | None:
+    """A message's text. gpt-oss reads text only: an image, audio or file part is refused by name
+    (400) rather than dropped, so a request is never answered as if the model had seen it."""
+    if message.content is None or isinstance(message.content, str):
+        return message.content
+    texts = []
+    for j, part in enumerate(message.content):
+        if part.type in TEXT_PARTS:
+            texts.append(part.text or "")
+        elif part.type == "refusal" and message.role == "assistant":
+            texts.append(str(getattr(part, "refusal", None) or ""))
+        else:
+            where = f"messages[{index}].content[{j}]"
+            raise InvalidRequestError(f"{where}: content of type {part.type!r} is not supported; this model "
+                                      "reads text only", where)
+    return "".join(texts)
+
+
 def to_chat_messages(req: ChatCompletionRequest) -> list[ChatMessage]:
     out = []
-    for m in req.messages:
+    for i, m in enumerate(req.messages):
         calls = [ToolCall(c.id, c.function.name, c.function.arguments) for c in m.tool_calls or []]
-        out.append(ChatMessage(role=m.role, content=m.text(), reasoning=m.reasoning or m.reasoning_content,
+        out.append(ChatMessage(role=m.role, content=message_text(i, m), reasoning=m.reasoning or m.reasoning_content,
                                tool_calls=calls, tool_call_id=m.tool_call_id, name=m.name))
     return out
 

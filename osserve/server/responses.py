@@ -40,17 +40,42 @@ def _text(content: Any) -> str:
     return "".join(p.get("text", "") for p in content or [] if isinstance(p, dict))
 
 
+TEXT_PARTS = ("input_text", "output_text", "text")
+
+
+def message_text(index: int, content: Any) -> str:
+    """An input message's text. gpt-oss reads text only: an image, file or audio part is refused by
+    name (400) rather than dropped, so a request is never answered as if the model had seen it."""
+    if isinstance(content, str) or content is None:
+        return content or ""
+    if not isinstance(content, list):
+        raise InvalidRequestError(f"input[{index}].content must be a string or a list of parts",
+                                  f"input[{index}].content")
+    texts = []
+    for j, part in enumerate(content):
+        kind = part.get("type") if isinstance(part, dict) else None
+        if kind in TEXT_PARTS:
+            texts.append(str(part.get("text") or ""))
+        elif kind == "refusal":
+            texts.append(str(part.get("refusal") or ""))
+        else:
+            where = f"input[{index}].content[{j}]"
+            raise InvalidRequestError(f"{where}: content of type {kind!r} is not supported; this model reads "
+                                      "text only", where)
+    return "".join(texts)
+
+
 def items_to_messages(items: str | list[dict[str, Any]]) -> list[ChatMessage]:
     if isinstance(items, str):
         return [ChatMessage("user", items)]
     out: list[ChatMessage] = []
-    for it in items:
+    for i, it in enumerate(items):
         kind = it.get("type", "message")
         if kind == "message":
             role = it.get("role", "user")
             if role not in ("user", "system", "developer", "assistant"):
                 raise InvalidRequestError(f"unknown message role {role!r}", "input")
-            out.append(ChatMessage(role, _text(it.get("content"))))
+            out.append(ChatMessage(role, message_text(i, it.get("content"))))
         elif kind == "reasoning":
             text = _text(it.get("content")) or _text(it.get("summary"))
             out.append(ChatMessage("assistant", None, reasoning=text))

@@ -244,6 +244,8 @@ def test_models(base: str, spec: Contract) -> None:
     ("POST", CHAT, {"model": MODEL}, 400),  # a missing field
     ("POST", CHAT, b'{"model": ', 400),  # not JSON
     ("POST", CHAT, {"model": MODEL, "messages": USER, "max_tokens": 5000}, 400),  # past the context
+    ("POST", CHAT, {"model": MODEL, "messages": [{"role": "user", "content": [
+        {"type": "image_url", "image_url": {"url": "https://example.com/cat.png"}}]}]}, 400),
     ("POST", COMPLETIONS, {"model": MODEL, "prompt": [[1], [2]]}, 400),
     ("POST", RESPONSES, {"model": MODEL, "input": "x", "previous_response_id": "resp_nope"}, 400),
     ("POST", CHAT, {"model": "other", "messages": USER}, 404),

@@ -47,6 +47,51 @@ def test_chat_errors(base: str, body: dict, status: int, param: str) -> None:
     assert err["param"] == param and err["message"] and err["type"]
 
 
+IMAGE = {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0KGgo="}}
+AUDIO = {"type": "input_audio", "input_audio": {"data": "UklGRg==", "format": "wav"}}
+FILE = {"type": "file", "file": {"file_id": "file-abc"}}
+
+
+@pytest.mark.parametrize("part", [IMAGE, AUDIO, FILE, {"type": "video"}])
+def test_chat_content_the_model_cannot_read_is_refused(base: str, part: dict) -> None:
+    messages = [{"role": "system", "content": "Be brief."},
+                {"role": "user", "content": [{"type": "text", "text": "What is this?"}, part]}]
+    r = httpx.post(base + CHAT, json={"model": "m", "messages": messages})
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert err["param"] == "messages[1].content[1]" and repr(part["type"]) in err["message"]
+
+
+@pytest.mark.parametrize("part", [{"type": "input_image", "image_url": "https://example.com/a.png"},
+                                  {"type": "input_file", "file_id": "file-abc"},
+                                  {"type": "input_audio", "input_audio": {"data": "UklGRg==", "format": "wav"}}])
+def test_responses_content_the_model_cannot_read_is_refused(base: str, part: dict) -> None:
+    items = [{"type": "message", "role": "user", "content": "hi"},
+             {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "What is this?"}, part]}]
+    r = httpx.post(base + "/v1/responses", json={"model": "m", "input": items})
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert err["param"] == "input[1].content[1]" and repr(part["type"]) in err["message"]
+
+
+def test_text_parts_are_read() -> None:
+    """Text parts (and an assistant's refusal part) reach the prompt; nothing is dropped."""
+    engine = ScriptedEngine(load_tokenizer().encode("fine"))
+    tok = load_tokenizer()
+    with serve(create_app(engine, tok, ServerConfig(model_name="m"))) as url:
+        messages = [{"role": "user", "content": [{"type": "text", "text": "alpha "}, {"type": "text", "text": "beta"}]},
+                    {"role": "assistant", "content": [{"type": "refusal", "refusal": "gamma"}]},
+                    {"role": "user", "content": "delta"}]
+        assert httpx.post(url + CHAT, json={"model": "m", "messages": messages}).status_code == 200
+        items = [{"type": "message", "role": "user", "content": [{"type": "input_text", "text": "epsilon"}]},
+                 {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "zeta"}]},
+                 {"type": "message", "role": "user", "content": "eta"}]
+        assert httpx.post(url + "/v1/responses", json={"model": "m", "input": items}).status_code == 200
+    chat, responses = (tok.decode(p) for p in engine.prompts)
+    assert all(w in chat for w in ("alpha beta", "gamma", "delta"))
+    assert all(w in responses for w in ("epsilon", "zeta", "eta"))
+
+
 def test_invalid_json_and_body_limit(base: str) -> None:
     r = httpx.post(base + CHAT, content=b'{"model": ', headers={"content-type": "application/json"})
     assert r.status_code == 400 and "JSON" in r.json()["error"]["message"]
