@@ -36,6 +36,10 @@ REASON_FINAL = toks("<|channel|>analysis<|message|>Two plus two.<|end|><|start|>
                     "<|channel|>final<|message|>It is 4.<|return|>")
 TOOL_CALL = toks("<|channel|>analysis<|message|>Need weather.<|end|><|start|>assistant<|channel|>commentary "
                  'to=functions.get_weather <|constrain|>json<|message|>{"city": "Oslo"}<|call|>')
+PREAMBLE_TWO_CALLS = toks("<|channel|>commentary<|message|>Checking both.<|end|><|start|>assistant "
+                          'to=functions.get_weather<|channel|>commentary<|message|>{"city": "Oslo"}<|end|>'
+                          '<|start|>assistant to=functions.get_weather<|channel|>commentary<|message|>'
+                          '{"city": "Bergen"}<|call|>')
 PARAMS = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
 CHAT_TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "Weather", "parameters": PARAMS}}]
 RESPONSES_TOOLS = [{"type": "function", "name": "get_weather", "description": "Weather", "parameters": PARAMS}]
@@ -140,7 +144,7 @@ def test_chat_logprobs(base: str, stub: ScriptedEngine, spec: Contract) -> None:
 
 @pytest.mark.parametrize("case", ["plain", "tools", "logprobs", "usage"])
 def test_chat_stream(base: str, stub: ScriptedEngine, spec: Contract, case: str) -> None:
-    stub.script = TOOL_CALL if case == "tools" else REASON_FINAL
+    stub.script = PREAMBLE_TWO_CALLS if case == "tools" else REASON_FINAL
     body: dict[str, Any] = {"model": MODEL, "messages": USER}
     body.update({"plain": {}, "tools": {"tools": CHAT_TOOLS}, "logprobs": {"logprobs": True, "top_logprobs": 2},
                  "usage": {"stream_options": {"include_usage": True}, "n": 2}}[case])
@@ -151,6 +155,9 @@ def test_chat_stream(base: str, stub: ScriptedEngine, spec: Contract, case: str)
         spec.check("CreateChatCompletionStreamResponse", chunk)
     finals = [c["choices"][0]["finish_reason"] for c in chunks if c["choices"] and c["choices"][0]["finish_reason"]]
     assert finals == ["tool_calls"] if case == "tools" else finals == ["stop"] * body.get("n", 1)
+    if case == "tools":
+        calls = [t for c in chunks for t in c["choices"][0]["delta"].get("tool_calls", [])]
+        assert [t["index"] for t in calls if "id" in t] == [0, 1]
     if case == "logprobs":
         assert any(c["choices"][0]["logprobs"] for c in chunks if c["choices"])
     if case == "usage":
@@ -182,9 +189,9 @@ def test_completions_stream(base: str, stub: ScriptedEngine, spec: Contract) -> 
 
 # -- /v1/responses --------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("case", ["plain", "function_call", "max_output_tokens"])
+@pytest.mark.parametrize("case", ["plain", "function_call", "two_calls", "max_output_tokens"])
 def test_responses(base: str, stub: ScriptedEngine, spec: Contract, case: str) -> None:
-    stub.script = TOOL_CALL if case == "function_call" else REASON_FINAL
+    stub.script = {"function_call": TOOL_CALL, "two_calls": PREAMBLE_TWO_CALLS}.get(case, REASON_FINAL)
     request: dict[str, Any] = {"model": MODEL, "input": "2+2?", "instructions": "Be brief.", "tools": RESPONSES_TOOLS}
     if case == "max_output_tokens":
         request["max_output_tokens"] = len(REASON_FINAL) - 3
@@ -198,14 +205,16 @@ def test_responses(base: str, stub: ScriptedEngine, spec: Contract, case: str) -
         assert body["output"][1]["content"][0]["logprobs"] == []
     elif case == "function_call":
         assert body["status"] == "completed" and kinds == ["reasoning", "function_call"]
+    elif case == "two_calls":
+        assert body["status"] == "completed" and kinds == ["message", "function_call", "function_call"]
     else:
         assert body["status"] == "incomplete" and body["incomplete_details"] == {"reason": "max_output_tokens"}
         assert body["output"][-1]["status"] == "incomplete" and body["usage"]["output_tokens"] == len(REASON_FINAL) - 3
 
 
-@pytest.mark.parametrize("case", ["plain", "function_call", "max_output_tokens"])
+@pytest.mark.parametrize("case", ["plain", "function_call", "two_calls", "max_output_tokens"])
 def test_responses_stream(base: str, stub: ScriptedEngine, spec: Contract, case: str) -> None:
-    stub.script = TOOL_CALL if case == "function_call" else REASON_FINAL
+    stub.script = {"function_call": TOOL_CALL, "two_calls": PREAMBLE_TWO_CALLS}.get(case, REASON_FINAL)
     request: dict[str, Any] = {"model": MODEL, "input": "2+2?", "tools": RESPONSES_TOOLS}
     if case == "max_output_tokens":
         request["max_output_tokens"] = len(REASON_FINAL) - 3
@@ -223,8 +232,8 @@ def test_responses_stream(base: str, stub: ScriptedEngine, spec: Contract, case:
         assert last["response"]["incomplete_details"] == {"reason": "max_output_tokens"}
     else:
         assert kinds[-1] == "response.completed" and last["response"]["status"] == "completed"
-    if case == "function_call":
-        assert "response.function_call_arguments.done" in kinds
+    if case in ("function_call", "two_calls"):
+        assert kinds.count("response.function_call_arguments.done") == (2 if case == "two_calls" else 1)
     else:
         assert "response.output_text.delta" in kinds and "response.output_text.done" in kinds
 
