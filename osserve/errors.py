@@ -6,6 +6,8 @@ from __future__ import annotations
 class OsserveError(Exception):
     """Base class of every error osserve raises on purpose."""
 
+    code: str | None = None  # OpenAI's machine-readable error code, where one names the case
+
     def __init__(self, message: str, param: str | None = None) -> None:
         super().__init__(message)
         self.message = message
@@ -31,9 +33,17 @@ class InvalidRequestError(OsserveError):
 class ContextLengthError(InvalidRequestError):
     """Prompt plus max_tokens exceed the model's context (HTTP 400)."""
 
+    code = "context_length_exceeded"
 
-class ModelNotFoundError(OsserveError):
+
+class NotFoundError(OsserveError):
+    """The request names something this server does not have, such as a stored response (HTTP 404)."""
+
+
+class ModelNotFoundError(NotFoundError):
     """The request names a model this server does not serve (HTTP 404)."""
+
+    code = "model_not_found"
 
 
 class OverloadedError(OsserveError):

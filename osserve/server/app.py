@@ -61,7 +61,7 @@ class _Guard:
         if key and not scope["path"].startswith(OPEN_PATHS):
             if headers.get("authorization", "") != f"Bearer {key}":
                 return error_response(401, "missing or wrong API key (Authorization: Bearer ...)",
-                                      "authentication_error")
+                                      "authentication_error", code="invalid_api_key")
         return None
 
 

@@ -10,7 +10,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from osserve.engine.core.outputs import CompletionDelta
-from osserve.errors import InvalidRequestError
+from osserve.errors import EngineDeadError, InvalidRequestError
 from osserve.harmony.render import ChatMessage, FunctionTool, RenderedPrompt, ToolCall, render_chat
 from osserve.harmony.stream import (
     ContentDelta,
@@ -20,6 +20,7 @@ from osserve.harmony.stream import (
     ToolCallArgsDelta,
     ToolCallStart,
 )
+from osserve.server.errors import error_body
 from osserve.server.generation import (
     ServerState,
     choice_params,
@@ -30,16 +31,37 @@ from osserve.server.generation import (
     with_first,
 )
 from osserve.server.logprobs import chat_logprobs
-from osserve.server.protocol import ChatCompletionRequest
+from osserve.server.protocol import ChatCompletionRequest, ChatMessageIn
 
 router = APIRouter()
 
 
+TEXT_PARTS = ("text", "input_text")
+
+
+def message_text(index: int, message: ChatMessageIn) -> str | None:
+    """A message's text. gpt-oss reads text only: an image, audio or file part is refused by name
+    (400) rather than dropped, so a request is never answered as if the model had seen it."""
+    if message.content is None or isinstance(message.content, str):
+        return message.content
+    texts = []
+    for j, part in enumerate(message.content):
+        if part.type in TEXT_PARTS:
+            texts.append(part.text or "")
+        elif part.type == "refusal" and message.role == "assistant":
+            texts.append(str(getattr(part, "refusal", None) or ""))
+        else:
+            where = f"messages[{index}].content[{j}]"
+            raise InvalidRequestError(f"{where}: content of type {part.type!r} is not supported; this model "
+                                      "reads text only", where)
+    return "".join(texts)
+
+
 def to_chat_messages(req: ChatCompletionRequest) -> list[ChatMessage]:
     out = []
-    for m in req.messages:
+    for i, m in enumerate(req.messages):
         calls = [ToolCall(c.id, c.function.name, c.function.arguments) for c in m.tool_calls or []]
-        out.append(ChatMessage(role=m.role, content=m.text(), reasoning=m.reasoning or m.reasoning_content,
+        out.append(ChatMessage(role=m.role, content=message_text(i, m), reasoning=m.reasoning or m.reasoning_content,
                                tool_calls=calls, tool_call_id=m.tool_call_id, name=m.name))
     return out
 
@@ -122,10 +144,14 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Any
     choices[first[0]].feed(first[1])
     async for i, d in stream:
         choices[i].feed(d)
+    for c in choices:
+        if c.finish is not None and c.finish.finish_reason == "error":
+            raise EngineDeadError(c.finish.error or "the engine failed")
     out = []
     for i, c in enumerate(choices):
         parsed = c.parser.parsed
-        message: dict[str, Any] = {"role": "assistant", "content": parsed.content or None}
+        # `refusal` is required by OpenAI's schema; gpt-oss has no refusal channel, so it is always null.
+        message: dict[str, Any] = {"role": "assistant", "content": parsed.content or None, "refusal": None}
         reasoning = (parsed.reasoning or None) if body.include_reasoning else None
         message["reasoning"] = message["reasoning_content"] = reasoning
         if parsed.tool_calls:
@@ -167,9 +193,9 @@ async def _stream(state: ServerState, body: ChatCompletionRequest, rid: str, cre
                 yield chunk(i, {"tool_calls": [{"index": x.index, "function": {"arguments": x.text}}]})
             lp = None  # logprobs ride on the first chunk of the step
         if d.finished:
-            if d.finish_reason == "error":
-                yield sse({"error": {"message": d.error or "engine error", "type": "internal_error",
-                                     "param": None, "code": 500}})
+            if d.finish_reason == "error":  # the error ends this choice: no finish chunk to follow it
+                yield sse(error_body(d.error or "engine error", "internal_error"))
+                continue
             yield chunk(i, {}, c.finish_reason())
     if body.stream_options and body.stream_options.include_usage:
         yield sse({"id": rid, "object": "chat.completion.chunk", "created": created,

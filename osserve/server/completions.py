@@ -10,7 +10,8 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from osserve.engine.core.outputs import CompletionDelta, TokenLogprob
-from osserve.errors import InvalidRequestError
+from osserve.errors import EngineDeadError, InvalidRequestError
+from osserve.server.errors import error_body
 from osserve.server.generation import (
     ServerState,
     choice_params,
@@ -67,6 +68,9 @@ async def completions(body: CompletionRequest, request: Request) -> Any:
     take(*first)
     async for i, d in stream:
         take(i, d)
+    for f in finals:
+        if f is not None and f.finish_reason == "error":
+            raise EngineDeadError(f.error or "the engine failed")
     choices = [{"index": i, "text": "".join(texts[i]), "finish_reason": _reason(finals[i]),
                 "logprobs": completion_logprobs(state.tokenizer, lps[i], len(echo))
                 if body.logprobs is not None else None} for i in range(body.n)]
@@ -105,6 +109,9 @@ async def _stream(state: ServerState, body: CompletionRequest, rid: str, created
             yield chunk(i, d.new_text, None, lp)
         if d.finished:
             finals[i] = d
+            if d.finish_reason == "error":  # the error ends this choice: no finish chunk to follow it
+                yield sse(error_body(d.error or "engine error", "internal_error"))
+                continue
             yield chunk(i, "", _reason(d))
     if body.stream_options and body.stream_options.include_usage:
         completion = sum(f.num_output_tokens for f in finals if f)

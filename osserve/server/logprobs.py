@@ -24,7 +24,7 @@ def chat_logprobs(tok: Tokenizer, items: list[TokenLogprob] | None) -> dict[str,
             t_text, t_raw = _token(tok, tid)
             top.append({"token": t_text, "logprob": val, "bytes": t_raw})
         content.append({"token": text, "logprob": lp.logprob, "bytes": raw, "top_logprobs": top})
-    return {"content": content}
+    return {"content": content, "refusal": None}  # no refusal channel in gpt-oss; the key is required
 
 
 def completion_logprobs(tok: Tokenizer, items: list[TokenLogprob], offset: int = 0) -> dict[str, Any]:

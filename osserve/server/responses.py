@@ -16,7 +16,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from osserve.engine.core.outputs import CompletionDelta
-from osserve.errors import InvalidRequestError, ModelNotFoundError
+from osserve.errors import InvalidRequestError, NotFoundError
 from osserve.harmony.render import ChatMessage, FunctionTool, ToolCall, render_chat
 from osserve.harmony.stream import (
     ContentDelta,
@@ -31,6 +31,7 @@ from osserve.server.protocol import ResponsesRequest
 from osserve.server.responses_store import StoredResponse
 
 router = APIRouter()
+FINAL_EVENT = {"completed": "response.completed", "incomplete": "response.incomplete", "failed": "response.failed"}
 
 
 def _text(content: Any) -> str:
@@ -39,17 +40,42 @@ def _text(content: Any) -> str:
     return "".join(p.get("text", "") for p in content or [] if isinstance(p, dict))
 
 
+TEXT_PARTS = ("input_text", "output_text", "text")
+
+
+def message_text(index: int, content: Any) -> str:
+    """An input message's text. gpt-oss reads text only: an image, file or audio part is refused by
+    name (400) rather than dropped, so a request is never answered as if the model had seen it."""
+    if isinstance(content, str) or content is None:
+        return content or ""
+    if not isinstance(content, list):
+        raise InvalidRequestError(f"input[{index}].content must be a string or a list of parts",
+                                  f"input[{index}].content")
+    texts = []
+    for j, part in enumerate(content):
+        kind = part.get("type") if isinstance(part, dict) else None
+        if kind in TEXT_PARTS:
+            texts.append(str(part.get("text") or ""))
+        elif kind == "refusal":
+            texts.append(str(part.get("refusal") or ""))
+        else:
+            where = f"input[{index}].content[{j}]"
+            raise InvalidRequestError(f"{where}: content of type {kind!r} is not supported; this model reads "
+                                      "text only", where)
+    return "".join(texts)
+
+
 def items_to_messages(items: str | list[dict[str, Any]]) -> list[ChatMessage]:
     if isinstance(items, str):
         return [ChatMessage("user", items)]
     out: list[ChatMessage] = []
-    for it in items:
+    for i, it in enumerate(items):
         kind = it.get("type", "message")
         if kind == "message":
             role = it.get("role", "user")
             if role not in ("user", "system", "developer", "assistant"):
                 raise InvalidRequestError(f"unknown message role {role!r}", "input")
-            out.append(ChatMessage(role, _text(it.get("content"))))
+            out.append(ChatMessage(role, message_text(i, it.get("content"))))
         elif kind == "reasoning":
             text = _text(it.get("content")) or _text(it.get("summary"))
             out.append(ChatMessage("assistant", None, reasoning=text))
@@ -66,28 +92,63 @@ def items_to_messages(items: str | list[dict[str, Any]]) -> list[ChatMessage]:
     return out
 
 
-def output_items(parsed: ParsedOutput, ids: dict[str, str]) -> list[dict[str, Any]]:
+def output_text_part(text: str) -> dict[str, Any]:
+    # `logprobs` is required by OpenAI's schema; osserve does not compute them for Responses yet.
+    return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
+
+
+def output_items(parsed: ParsedOutput, ids: dict[str, str], cut: bool = False) -> list[dict[str, Any]]:
+    """The output items of a finished response; `cut` (by max_output_tokens or a failure) marks the
+    last one incomplete."""
     items: list[dict[str, Any]] = []
     if parsed.reasoning:
         items.append({"type": "reasoning", "id": ids["reasoning"], "summary": [],
                       "content": [{"type": "reasoning_text", "text": parsed.reasoning}], "status": "completed"})
     if parsed.content:
         items.append({"type": "message", "id": ids["message"], "role": "assistant", "status": "completed",
-                      "content": [{"type": "output_text", "text": parsed.content, "annotations": []}]})
+                      "content": [output_text_part(parsed.content)]})
     for i, call in enumerate(parsed.tool_calls):
         items.append({"type": "function_call", "id": f"fc_{call.id}", "call_id": call.id, "name": call.name,
                       "arguments": call.arguments, "status": "completed", "_index": i})
     for it in items:
         it.pop("_index", None)
+    if cut and items:
+        items[-1]["status"] = "incomplete"
     return items
 
 
+def echoed_tools(tools: list[dict[str, Any]] | None) -> list[dict[str, Any]]:
+    """The request's tools as a response states them: a function tool has every field OpenAI's schema
+    requires (`strict` and `parameters` may be null; `strict` echoes the request)."""
+    out = []
+    for t in tools or []:
+        if t.get("type") == "function":
+            t = {**t, "description": t.get("description"), "parameters": t.get("parameters"),
+                 "strict": t.get("strict")}
+        out.append(t)
+    return out
+
+
+def outcome(last: CompletionDelta | None) -> tuple[str, dict[str, Any] | None, dict[str, Any] | None]:
+    """A finished response's status, incomplete_details and error, from its last delta."""
+    if last is not None and last.finish_reason == "error":
+        return "failed", None, {"code": "server_error", "message": last.error or "the engine failed"}
+    if last is not None and last.finish_reason == "length":
+        # The cap is max_output_tokens, or the model's context when that is lower: both cut the output.
+        return "incomplete", {"reason": "max_output_tokens"}, None
+    return "completed", None, None
+
+
 def response_object(rid: str, body: ResponsesRequest, model: str, created: int, status: str,
-                    output: list[dict[str, Any]], usage: dict[str, Any] | None) -> dict[str, Any]:
+                    output: list[dict[str, Any]], usage: dict[str, Any] | None,
+                    incomplete_details: dict[str, Any] | None = None,
+                    error: dict[str, Any] | None = None) -> dict[str, Any]:
     return {"id": rid, "object": "response", "created_at": created, "model": model, "status": status,
+            "completed_at": int(time.time()) if status == "completed" else None,
             "output": output, "usage": usage, "instructions": body.instructions,
-            "previous_response_id": body.previous_response_id, "error": None, "incomplete_details": None,
-            "tools": body.tools or [], "tool_choice": body.tool_choice or "auto",
+            "previous_response_id": body.previous_response_id, "error": error,
+            "incomplete_details": incomplete_details,
+            "tools": echoed_tools(body.tools), "tool_choice": body.tool_choice or "auto",
             "parallel_tool_calls": True, "temperature": body.temperature, "top_p": body.top_p,
             "max_output_tokens": body.max_output_tokens, "metadata": {}, "text": {"format": {"type": "text"}},
             "reasoning": body.reasoning or {"effort": "medium"}, "store": body.store}
@@ -95,8 +156,11 @@ def response_object(rid: str, body: ResponsesRequest, model: str, created: int, 
 
 def response_usage(prompt_len: int, last: CompletionDelta | None, parsed: ParsedOutput) -> dict[str, Any]:
     out_tokens = last.num_output_tokens if last else 0
+    # cache_write_tokens (required by OpenAI's schema) is 0: the prefix cache keeps computed blocks as a
+    # side effect of serving, and nothing counts them as cache writes.
     return {"input_tokens": prompt_len, "output_tokens": out_tokens, "total_tokens": prompt_len + out_tokens,
-            "input_tokens_details": {"cached_tokens": last.num_cached_tokens if last else 0},
+            "input_tokens_details": {"cached_tokens": last.num_cached_tokens if last else 0,
+                                     "cache_write_tokens": 0},
             "output_tokens_details": {"reasoning_tokens": parsed.reasoning_tokens}}
 
 
@@ -105,7 +169,7 @@ async def get_response(response_id: str, request: Request) -> Any:
     state: ServerState = request.app.state.osserve
     item = state.responses.get(response_id)
     if item is None:
-        raise ModelNotFoundError(f"no stored response with id '{response_id}'", "response_id")
+        raise NotFoundError(f"no stored response with id '{response_id}'", "response_id")
     return JSONResponse(item.body)
 
 
@@ -146,9 +210,10 @@ async def create_response(body: ResponsesRequest, request: Request) -> Any:
 
     def finish(last: CompletionDelta | None) -> dict[str, Any]:
         parsed = parser.parsed
-        status = "incomplete" if last is not None and last.finish_reason == "length" else "completed"
+        status, incomplete_details, error = outcome(last)
         obj = response_object(rid, body, state.model_name, created, status,
-                              output_items(parsed, ids), response_usage(len(prompt.token_ids), last, parsed))
+                              output_items(parsed, ids, cut=status != "completed"),
+                              response_usage(len(prompt.token_ids), last, parsed), incomplete_details, error)
         if body.store:
             out_msgs = [ChatMessage("assistant", parsed.content or None, reasoning=parsed.reasoning or None,
                                     tool_calls=[ToolCall(c.id, c.name, c.arguments) for c in parsed.tool_calls])]
@@ -184,7 +249,7 @@ async def _stream(state: ServerState, body: ResponsesRequest, rid: str, created:
     out_index = -1
     open_item: dict[str, Any] | None = None  # the item being streamed, with its text so far
 
-    def close() -> list[str]:
+    def close(status: str = "completed") -> list[str]:
         nonlocal open_item
         if open_item is None:
             return []
@@ -195,20 +260,19 @@ async def _stream(state: ServerState, body: ResponsesRequest, rid: str, created:
             part = {"type": "reasoning_text", "text": it["text"]}
             events.append(event("response.content_part.done", item_id=it["id"], output_index=out_index,
                                 content_index=0, part=part))
-            item = {"type": "reasoning", "id": it["id"], "summary": [], "content": [part], "status": "completed"}
+            item = {"type": "reasoning", "id": it["id"], "summary": [], "content": [part], "status": status}
         elif it["type"] == "message":
             events.append(event("response.output_text.done", item_id=it["id"], output_index=out_index,
-                                content_index=0, text=it["text"]))
-            part = {"type": "output_text", "text": it["text"], "annotations": []}
+                                content_index=0, text=it["text"], logprobs=[]))
+            part = output_text_part(it["text"])
             events.append(event("response.content_part.done", item_id=it["id"], output_index=out_index,
                                 content_index=0, part=part))
-            item = {"type": "message", "id": it["id"], "role": "assistant", "status": "completed",
-                    "content": [part]}
+            item = {"type": "message", "id": it["id"], "role": "assistant", "status": status, "content": [part]}
         else:
             events.append(event("response.function_call_arguments.done", item_id=it["id"],
-                                output_index=out_index, arguments=it["text"]))
+                                output_index=out_index, name=it["name"], arguments=it["text"]))
             item = {"type": "function_call", "id": it["id"], "call_id": it["call_id"], "name": it["name"],
-                    "arguments": it["text"], "status": "completed"}
+                    "arguments": it["text"], "status": status}
         events.append(event("response.output_item.done", output_index=out_index, item=item))
         open_item = None
         return events
@@ -224,7 +288,7 @@ async def _stream(state: ServerState, body: ResponsesRequest, rid: str, created:
         elif kind == "message":
             item_id = ids["message"]
             item = {"type": "message", "id": item_id, "role": "assistant", "status": "in_progress", "content": []}
-            part = {"type": "output_text", "text": "", "annotations": []}
+            part = output_text_part("")
         else:
             item_id = f"fc_{extra['call_id']}"
             item = {"type": "function_call", "id": item_id, "call_id": extra["call_id"], "name": extra["name"],
@@ -249,8 +313,12 @@ async def _stream(state: ServerState, body: ResponsesRequest, rid: str, created:
                         yield e
                 assert open_item is not None
                 open_item["text"] += x.text
-                name = "response.reasoning_text.delta" if kind == "reasoning" else "response.output_text.delta"
-                yield event(name, item_id=open_item["id"], output_index=out_index, content_index=0, delta=x.text)
+                if kind == "reasoning":
+                    yield event("response.reasoning_text.delta", item_id=open_item["id"], output_index=out_index,
+                                content_index=0, delta=x.text)
+                else:
+                    yield event("response.output_text.delta", item_id=open_item["id"], output_index=out_index,
+                                content_index=0, delta=x.text, logprobs=[])
             elif isinstance(x, ToolCallStart):
                 for e in open_new("function_call", call_id=x.id, name=x.name):
                     yield e
@@ -258,7 +326,8 @@ async def _stream(state: ServerState, body: ResponsesRequest, rid: str, created:
                 open_item["text"] += x.text
                 yield event("response.function_call_arguments.delta", item_id=open_item["id"],
                             output_index=out_index, delta=x.text)
-    for e in close():
+    status, _, _ = outcome(last)
+    for e in close("completed" if status == "completed" else "incomplete"):
         yield e
     final = finish(last)
-    yield event("response.completed" if final["status"] == "completed" else "response.incomplete", response=final)
+    yield event(FINAL_EVENT[final["status"]], response=final)

@@ -1,12 +1,12 @@
 """A test EngineClient that replays scripted token sequences, one token per delta, honouring
-max_tokens, stop tokens and aborts — the server's output path without a model."""
+max_tokens, stop tokens, logprobs and aborts — the server's output path without a model."""
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
 
-from osserve.engine.core.outputs import CompletionDelta, EngineStats
+from osserve.engine.core.outputs import CompletionDelta, EngineStats, TokenLogprob
 from osserve.engine.core.sampling_params import SamplingParams
 from osserve.errors import ContextLengthError
 from osserve.tokenizer import load_tokenizer
@@ -54,7 +54,7 @@ class ScriptedEngine:
                 finished = last
                 yield CompletionDelta(
                     request_id=request_id, new_token_ids=[t],
-                    new_text="" if stop else tok.decode([t]), new_logprobs=None, finished=last,
+                    new_text="" if stop else tok.decode([t]), new_logprobs=_logprobs(t, params), finished=last,
                     finish_reason=("stop" if stop or i + 1 == len(self.script) else "length") if last else None,
                     stop_reason=t if stop else None, num_prompt_tokens=len(prompt_token_ids),
                     num_cached_tokens=16, num_output_tokens=i + 1,
@@ -64,3 +64,11 @@ class ScriptedEngine:
         finally:
             if not finished:
                 self.aborted.append(request_id)
+
+
+def _logprobs(token: int, params: SamplingParams) -> list[TokenLogprob] | None:
+    """Made-up but well-formed: the chosen token first, then `logprobs` neighbours, decreasing."""
+    if params.logprobs is None:
+        return None
+    top = [(token + k, -0.25 * (k + 1)) for k in range(params.logprobs)]
+    return [TokenLogprob(token, -0.25, top)]

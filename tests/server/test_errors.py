@@ -32,7 +32,7 @@ def base() -> Iterator[str]:
     ({"model": "m", "messages": OK_MSG, "top_k": -5}, 400, "top_k"),
     ({"model": "m", "messages": "hi"}, 400, "messages"),
     ({"model": "m"}, 400, "messages"),
-    ({"model": "m", "messages": [{"role": "wizard", "content": "x"}]}, 400, "messages.0.role"),
+    ({"model": "m", "messages": [{"role": "wizard", "content": "x"}]}, 400, "messages[0].role"),
     ({"model": "other", "messages": OK_MSG}, 404, "model"),
     ({"model": "m", "messages": OK_MSG, "max_tokens": 5000}, 400, "max_tokens"),
     ({"model": "m", "messages": OK_MSG, "response_format": {"type": "json_schema",
@@ -45,6 +45,51 @@ def test_chat_errors(base: str, body: dict, status: int, param: str) -> None:
     assert r.status_code == status, r.text
     err = r.json()["error"]
     assert err["param"] == param and err["message"] and err["type"]
+
+
+IMAGE = {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0KGgo="}}
+AUDIO = {"type": "input_audio", "input_audio": {"data": "UklGRg==", "format": "wav"}}
+FILE = {"type": "file", "file": {"file_id": "file-abc"}}
+
+
+@pytest.mark.parametrize("part", [IMAGE, AUDIO, FILE, {"type": "video"}])
+def test_chat_content_the_model_cannot_read_is_refused(base: str, part: dict) -> None:
+    messages = [{"role": "system", "content": "Be brief."},
+                {"role": "user", "content": [{"type": "text", "text": "What is this?"}, part]}]
+    r = httpx.post(base + CHAT, json={"model": "m", "messages": messages})
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert err["param"] == "messages[1].content[1]" and repr(part["type"]) in err["message"]
+
+
+@pytest.mark.parametrize("part", [{"type": "input_image", "image_url": "https://example.com/a.png"},
+                                  {"type": "input_file", "file_id": "file-abc"},
+                                  {"type": "input_audio", "input_audio": {"data": "UklGRg==", "format": "wav"}}])
+def test_responses_content_the_model_cannot_read_is_refused(base: str, part: dict) -> None:
+    items = [{"type": "message", "role": "user", "content": "hi"},
+             {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "What is this?"}, part]}]
+    r = httpx.post(base + "/v1/responses", json={"model": "m", "input": items})
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert err["param"] == "input[1].content[1]" and repr(part["type"]) in err["message"]
+
+
+def test_text_parts_are_read() -> None:
+    """Text parts (and an assistant's refusal part) reach the prompt; nothing is dropped."""
+    engine = ScriptedEngine(load_tokenizer().encode("fine"))
+    tok = load_tokenizer()
+    with serve(create_app(engine, tok, ServerConfig(model_name="m"))) as url:
+        messages = [{"role": "user", "content": [{"type": "text", "text": "alpha "}, {"type": "text", "text": "beta"}]},
+                    {"role": "assistant", "content": [{"type": "refusal", "refusal": "gamma"}]},
+                    {"role": "user", "content": "delta"}]
+        assert httpx.post(url + CHAT, json={"model": "m", "messages": messages}).status_code == 200
+        items = [{"type": "message", "role": "user", "content": [{"type": "input_text", "text": "epsilon"}]},
+                 {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "zeta"}]},
+                 {"type": "message", "role": "user", "content": "eta"}]
+        assert httpx.post(url + "/v1/responses", json={"model": "m", "input": items}).status_code == 200
+    chat, responses = (tok.decode(p) for p in engine.prompts)
+    assert all(w in chat for w in ("alpha beta", "gamma", "delta"))
+    assert all(w in responses for w in ("epsilon", "zeta", "eta"))
 
 
 def test_invalid_json_and_body_limit(base: str) -> None:
@@ -86,3 +131,21 @@ def test_overload_is_503_with_retry_after() -> None:
     with serve(create_app(_Overloaded(), load_tokenizer(), ServerConfig(model_name="m"))) as url:
         r = httpx.post(url + CHAT, json={"model": "m", "messages": OK_MSG})
         assert r.status_code == 503 and r.headers["retry-after"] == "1"
+
+
+@pytest.mark.parametrize(("body", "code"), [
+    ({"model": "m"}, "missing_required_parameter"),
+    ({"model": "m", "messages": OK_MSG, "temperature": "hot"}, "invalid_type"),
+    ({"model": "m", "messages": OK_MSG, "top_p": 2}, "invalid_value"),
+    ({"model": "m", "messages": OK_MSG, "max_tokens": 5000}, "context_length_exceeded"),
+    ({"model": "other", "messages": OK_MSG}, "model_not_found"),
+])
+def test_error_codes_are_openai_strings(base: str, body: dict, code: str) -> None:
+    assert httpx.post(base + CHAT, json=body).json()["error"]["code"] == code
+
+
+def test_unknown_route_and_stored_response(base: str) -> None:
+    r = httpx.get(base + "/v1/nope")
+    assert r.status_code == 404 and r.json()["error"]["code"] == "unknown_url"
+    r = httpx.get(base + "/v1/responses/resp_nope")
+    assert r.status_code == 404 and r.json()["error"]["code"] is None  # a missing response is no missing model
