@@ -17,6 +17,13 @@ costs one wasted row. Newcomers whose prompt is cached but for its last token jo
 like decodes. Anything else (an admission with a prefill, a prefill chunk, a request that needs
 its tokens, too few free blocks to grow every request) first finishes the step in flight.
 
+A request with an output constraint (structured/) joins the scheduler once its grammar is
+compiled (in a worker thread). Its matcher sees every token it samples, and each step its token
+mask is filled on the host while the GPU runs the step's forward, then applied before sampling.
+Such a request runs ahead like any other: where the step before it is still in flight, the new
+step's forward is launched first, then that step's tokens are read and fed to the matchers, then
+the masks are filled: the GPU is never idle for the grammar, the host waits once per step.
+
 AsyncEngine (engine/async_engine.py) runs this loop in a thread for the server; LLM
 (engine/llm.py) drives it directly for offline use.
 """
@@ -25,7 +32,7 @@ from __future__ import annotations
 
 import itertools
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -39,6 +46,8 @@ from osserve.engine.core.scheduler import Scheduler, SchedulerOutput
 from osserve.engine.worker.runner import BatchEntry, ModelRunner
 from osserve.engine.worker.sampler import Sampler, SamplerOutput, SamplingBatch
 from osserve.errors import InvalidRequestError
+from osserve.structured.grammar import grammar_text
+from osserve.structured.matchers import Grammars
 from osserve.tokenizer import Tokenizer
 
 
@@ -100,6 +109,8 @@ class InFlightStep:
     host_ids: torch.Tensor  # [S] the same, copied without blocking (pinned on a GPU)
     copied: torch.cuda.Event | None  # marks the copy's end on a GPU
     profile: tuple[float, float, bool]  # (schedule s, launch s, has a prefill) of its launch
+    grammar_dead: set[str] = field(default_factory=set)  # requests whose grammar allowed no token here
+    sampled: dict[str, int] | None = None  # its ids on the host, once read (_collect)
 
 
 def can_run_ahead(params: SamplingParams, num_output_tokens: int) -> bool:
@@ -125,6 +136,8 @@ class LLMEngine:
         self.generation_tokens_total = 0
         self.profile = StepProfile()
         self.in_flight: InFlightStep | None = None
+        self.grammars = Grammars(parts.model_config.vocab_size, pin_memory=self.runner.device.type == "cuda")
+        self.compiling: dict[str, Request] = {}  # waiting for their grammar before they are scheduled
 
     @property
     def max_model_len(self) -> int:
@@ -156,7 +169,12 @@ class LLMEngine:
             params.max_tokens = max(1, self.max_model_len - len(prompt_token_ids))
         req = Request(request_id=request_id, prompt_token_ids=list(prompt_token_ids),
                       sampling_params=params, arrival_time=time.monotonic())
-        self.scheduler.add_request(req)  # raises on empty / too long / larger than the pool
+        grammar = grammar_text(params.structured, params.max_tokens) if params.structured else None
+        if grammar is None:
+            self.scheduler.add_request(req)  # raises on empty / too long / larger than the pool
+        else:  # checked already (structured.grammar.check: the server, LLM); compiled off the loop
+            self.grammars.start(request_id, grammar)
+            self.compiling[request_id] = req
         self.requests[request_id] = req
         self.outputs.add(req)
         if params.seed is not None:
@@ -167,6 +185,7 @@ class LLMEngine:
         req = self.requests.get(request_id)
         if req is None:
             return None
+        self.compiling.pop(request_id, None)
         self.scheduler.abort(request_id)
         return self._retire(self.outputs.finish(req, "abort"))
 
@@ -202,6 +221,25 @@ class LLMEngine:
 
     # ------------------------------------------------------------------ the step
     def step(self) -> list[CompletionDelta]:
+        compiled = self._admit_compiled() if self.compiling else []
+        return compiled + self._step()
+
+    def _admit_compiled(self) -> list[CompletionDelta]:
+        """Requests whose grammar is ready join the scheduler (waiting for them when nothing else
+        can run); those whose grammar failed to build end with finish reason "grammar"."""
+        idle = self.in_flight is None and not self.scheduler.running and not self.scheduler.waiting
+        deltas = []
+        for rid, error in self.grammars.ready(wait=idle):
+            req = self.compiling.pop(rid, None)
+            if req is None:
+                continue
+            if error is None:
+                self.scheduler.add_request(req)
+            else:
+                deltas.append(self._retire(self.outputs.finish(req, "grammar", error)))
+        return deltas
+
+    def _step(self) -> list[CompletionDelta]:
         t0 = time.perf_counter()
         prev = self.in_flight
         ending = self._ending_in_flight() if prev is not None else set()
@@ -215,7 +253,16 @@ class LLMEngine:
         t1 = time.perf_counter()
         entries, rows, prompt_tokens = self._batch(out, prev)
         step_logits = self.runner.run(entries, prev.token_ids if prev is not None else None, out.block_copies)
-        result = self._launch_sample(rows, step_logits.logits, step_logits.greedy)
+        masks = None
+        if self.grammars.states:
+            # The masks need the step before's tokens in the matchers: read them now, the GPU busy
+            # with this step's forward. (Also the buffer's reuse rule: the masks of the step before
+            # have reached the device once its tokens are on the host.)
+            if prev is not None:
+                self._collect(prev)
+            masks = self.grammars.masks([r.request_id for r in rows])
+        result = self._launch_sample(rows, step_logits.logits, step_logits.greedy,
+                                     (masks.rows, masks.bits) if masks is not None else None)
         # The ids are on the host already where the sampler took the head's greedy ids as they are.
         on_host = step_logits.greedy_host if result is not None and result.token_ids is step_logits.greedy else None
         ahead = self.scheduler_config.async_scheduling and all(
@@ -225,6 +272,8 @@ class LLMEngine:
         t2 = time.perf_counter()
         has_prefill = any(s.num_new_tokens > 1 for s in out.scheduled)
         step = self._in_flight(out, rows, result, (t1 - t0, t2 - t1, has_prefill), on_host)
+        if masks is not None:
+            step.grammar_dead = {rows[i].request_id for i in masks.dead}
         deltas = self._finish(prev) if prev is not None else []
         if ahead:
             self.in_flight = step
@@ -282,7 +331,7 @@ class LLMEngine:
         return {r.request_id for r in self.scheduler.running if r.num_pending > 0 and ends(r)}
 
     def _launch_sample(self, rows: list[Request], logits: torch.Tensor, greedy: torch.Tensor | None,
-                       ) -> SamplerOutput | None:
+                       token_masks: tuple[list[int], torch.Tensor] | None = None) -> SamplerOutput | None:
         if not rows:
             return None
         batch = SamplingBatch.build(
@@ -291,6 +340,7 @@ class LLMEngine:
             output_ids=[r.output_token_ids for r in rows],
             generators=[self.generators.get(r.request_id) for r in rows],
             device=logits.device,
+            token_masks=token_masks,
         )
         return self.sampler.sample(logits, batch, greedy)
 
@@ -316,18 +366,15 @@ class LLMEngine:
         """Wait for a step's tokens on the host; update the requests; turn tokens into deltas.
         `result` (the sampler's output) is given when the step was not left in flight, for logprobs."""
         t2 = time.perf_counter()
-        if step.copied is not None:
-            step.copied.synchronize()
-        token_ids = step.host_ids.tolist()
+        sampled = self._collect(step)
         t3 = time.perf_counter()
-        sampled = {rid: token_ids[i] for rid, i in step.rows.items()}
+        deltas = [self._end_by_grammar(rid) for rid in step.grammar_dead if rid in self.requests]
         logprobs: dict[str, TokenLogprob | None] = {}
         if result is not None and result.logprobs is not None:
             reqs = sorted(step.rows, key=step.rows.__getitem__)
             wanted = [self.requests[rid].sampling_params.logprobs if rid in self.requests else None for rid in reqs]
             logprobs = dict(zip(reqs, result.token_logprobs(wanted), strict=True))
         updates = self.scheduler.update_from_output(step.out, sampled)
-        deltas = []
         for upd in updates:
             req = self.requests.get(upd.request_id)
             if req is None:
@@ -344,10 +391,29 @@ class LLMEngine:
                          has_prefill=has_prefill, in_flight=step.out.tokens_pending)
         return deltas
 
+    def _collect(self, step: InFlightStep) -> dict[str, int]:
+        """A step's sampled ids on the host (waiting for them once), fed to the grammars once.
+        A token a grammar rejects (none should pass its mask) ends that request at this step."""
+        if step.sampled is None:
+            if step.copied is not None:
+                step.copied.synchronize()
+            token_ids = step.host_ids.tolist()
+            step.sampled = {rid: token_ids[i] for rid, i in step.rows.items()}
+            if self.grammars.states:
+                step.grammar_dead |= self.grammars.accept(step.sampled)
+        return step.sampled
+
+    def _end_by_grammar(self, request_id: str) -> CompletionDelta:
+        """End a request whose grammar allows nothing more (its token of this step is not kept)."""
+        req = self.requests[request_id]
+        self.scheduler.finish(request_id, "grammar")
+        return self._retire(self.outputs.finish(req, "grammar", self.grammars.failure(request_id)))
+
     def _retire(self, delta: CompletionDelta) -> CompletionDelta:
         self.requests.pop(delta.request_id, None)
         self.generators.pop(delta.request_id, None)
         self.outputs.remove(delta.request_id)
+        self.grammars.drop(delta.request_id)
         return delta
 
     def stats(self) -> EngineStats:

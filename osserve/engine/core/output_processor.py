@@ -89,13 +89,13 @@ class OutputProcessor:
             req.num_prompt_tokens, req.num_cached_tokens, req.num_output_tokens,
         )
 
-    def finish(self, req: Request, reason: str) -> CompletionDelta:
-        """The last delta of a request ended from outside (abort, error)."""
+    def finish(self, req: Request, reason: str, error: str | None = None) -> CompletionDelta:
+        """The last delta of a request ended from outside (abort, error, a grammar's dead end)."""
         return CompletionDelta(
             request_id=req.request_id, new_token_ids=[], new_text="", new_logprobs=None,
             finished=True, finish_reason=reason, stop_reason=None,
             num_prompt_tokens=req.num_prompt_tokens, num_cached_tokens=req.num_cached_tokens,
-            num_output_tokens=req.num_output_tokens,
+            num_output_tokens=req.num_output_tokens, error=error,
         )
 
     @staticmethod

@@ -29,7 +29,7 @@ class CompletionDelta:
     new_text: str  # the decoded text of the new tokens (stop strings already cut out)
     new_logprobs: list[TokenLogprob] | None
     finished: bool
-    finish_reason: str | None  # "stop" | "length" | "abort" | "error"
+    finish_reason: str | None  # "stop" | "length" | "abort" | "error" | "grammar" (error says why)
     stop_reason: int | str | None  # the stop token id or stop string that ended it
     num_prompt_tokens: int
     num_cached_tokens: int  # prompt tokens served from the prefix cache

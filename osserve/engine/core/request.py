@@ -16,13 +16,14 @@ class RequestStatus(enum.Enum):
     FINISHED_LENGTH = "length"
     FINISHED_ABORTED = "abort"
     FINISHED_ERROR = "error"
+    FINISHED_GRAMMAR = "grammar"  # its output grammar allowed no next token (structured outputs)
 
     @property
     def is_finished(self) -> bool:
         return self.value in FINISH_REASONS
 
 
-FINISH_REASONS = ("stop", "length", "abort", "error")
+FINISH_REASONS = ("stop", "length", "abort", "error", "grammar")
 PENDING_TOKEN = -1  # stands for a token sampled on the device that the host has not read yet
 
 

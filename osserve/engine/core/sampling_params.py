@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from osserve.errors import InvalidRequestError
+from osserve.structured.spec import StructuredOutputs
 
 # Harmony's stop tokens: <|return|> ends a final answer, <|call|> ends a tool call.
 RETURN_TOKEN = 200002
@@ -37,6 +38,8 @@ class SamplingParams:
     # Test/tool hook: a fixed token sequence the sampler emits instead of sampling (see
     # engine/worker/sampler.py). Used to drive the server's output path with scripted harmony output.
     forced_token_ids: list[int] | None = None
+    # The output's constraint (a JSON schema, a tool call, ...): osserve/structured/.
+    structured: StructuredOutputs | None = None
 
     @property
     def greedy(self) -> bool:

@@ -1,7 +1,8 @@
 """Sampler: batched token choice on the device.
 
 Per step the engine builds one SamplingBatch (per-row settings as tensors), then:
-penalties → (greedy rows: argmax) → temperature → top-k → top-p → min-p → exponential race.
+penalties → grammar masks → (greedy rows: argmax) → temperature → top-k → top-p → min-p →
+exponential race.
 The race (argmax of p / Exp(1) noise) samples from p; a seeded request draws its noise from its
 own generator, so its tokens do not depend on which other requests share the batch.
 Logprobs are those of the raw model distribution (vLLM's default), before penalties/temperature.
@@ -17,6 +18,7 @@ import torch
 from osserve.engine.core.outputs import TokenLogprob
 from osserve.engine.core.sampling_params import SamplingParams
 from osserve.ops.dispatch import use_triton
+from osserve.ops.sampling.dispatch import apply_token_bitmask
 
 
 @dataclass
@@ -42,6 +44,8 @@ class SamplingBatch:
     forced: dict[int, int]  # row -> the scripted token it emits this step
     generators: list[torch.Generator | None]
     num_logprobs: int | None  # most top logprobs any row asked for
+    mask_rows: torch.Tensor | None = None  # [R] int64: rows whose grammar constrains them (structured/)
+    mask_bits: torch.Tensor | None = None  # [R, V/32] int32: their allowed tokens, a bit each
 
     @property
     def all_greedy(self) -> bool:
@@ -56,7 +60,9 @@ class SamplingBatch:
         generators: list[torch.Generator | None],
         device: torch.device,
         vocab_size: int = 201088,
+        token_masks: tuple[list[int], torch.Tensor] | None = None,
     ) -> SamplingBatch:
+        """token_masks: (rows, their mask words on the host), from the engine's grammars."""
         def t(vals: list, dtype: torch.dtype) -> torch.Tensor:  # type: ignore[type-arg]
             host = torch.tensor(vals, dtype=dtype)
             # Pinned: a copy from pageable memory would make the host wait for the GPU's queue.
@@ -79,6 +85,8 @@ class SamplingBatch:
                     if (f := p.forced_token_ids) is not None and len(out) < len(f)},
             generators=generators,
             num_logprobs=max(wanted) if wanted else None,
+            mask_rows=t(token_masks[0], torch.int64) if token_masks else None,
+            mask_bits=token_masks[1].to(device, non_blocking=True) if token_masks else None,
         )
 
 
@@ -176,6 +184,7 @@ class Sampler:
                 seeds[row] = torch.randint(0, 2**62, (1,), device=device, generator=g)[0]
         return seeds
 
+    @torch.inference_mode()  # the runner's logits are inference tensors: masks write them in place
     def sample(self, logits: torch.Tensor, b: SamplingBatch, greedy: torch.Tensor | None = None) -> SamplerOutput:
         """greedy: logits.argmax(-1) where the runner computed it with the logits (ops/linear/head_triton.py);
         used where every row is greedy and nothing changes the logits before the choice."""
@@ -185,8 +194,13 @@ class Sampler:
             logits = logits.clone() if logits is raw else logits
             logits[row, ids] = float("-inf")
         logits = apply_penalties(logits, b)
+        masked = b.mask_rows is not None and b.mask_bits is not None
+        if b.mask_rows is not None and b.mask_bits is not None:
+            # In place where nothing reads the raw logits after: the runner's buffer is this step's alone.
+            logits = logits.clone() if logits is raw and b.num_logprobs is not None else logits
+            apply_token_bitmask(logits, b.mask_rows, b.mask_bits)
         if b.temperature is None:  # every row is greedy
-            chosen = greedy if greedy is not None and logits is raw else logits.argmax(-1)
+            chosen = greedy if greedy is not None and logits is raw and not masked else logits.argmax(-1)
         elif use_triton(logits) and b.top_k is None and b.top_p is None and b.min_p is None:
             # Plain temperature sampling (the default): one fused pass (ops/sampling/gumbel_triton.py).
             from osserve.ops.sampling.gumbel_triton import gumbel_argmax_triton
