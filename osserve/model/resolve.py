@@ -42,7 +42,7 @@ def resolve_model(spec: str, revision: str | None = None, download_dir: str | No
     folder = Path(spec).expanduser()
     if folder.is_dir():
         check_checkpoint(folder)
-        return ResolvedModel(folder, folder.resolve().name, "folder")
+        return ResolvedModel(folder, Path(os.path.abspath(folder)).name, "folder")  # links not followed
     repo, at, tag = spec.partition("@")
     if not _is_hub_id(repo) or (at and not tag):
         raise ConfigError(f"{spec}: no such folder, and not a Hugging Face id (ORG/NAME[@REVISION], "
@@ -87,7 +87,7 @@ def hub_offline() -> bool:
     from huggingface_hub import constants
 
     value = os.environ.get("HF_HUB_OFFLINE") or os.environ.get("TRANSFORMERS_OFFLINE") or ""
-    return constants.is_offline_mode() or value.upper() in ("1", "ON", "YES", "TRUE")
+    return bool(constants.HF_HUB_OFFLINE) or value.upper() in ("1", "ON", "YES", "TRUE")
 
 
 def _is_hub_id(repo: str) -> bool:
