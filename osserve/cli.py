@@ -7,39 +7,15 @@ import argparse
 import sys
 from collections.abc import Sequence
 
+from osserve import __version__
+from osserve.commands.flags import add_engine_args, add_server_args, add_tools_args, prepare_argv, settle
 from osserve.config import PRESETS
-
-
-def add_engine_args(p: argparse.ArgumentParser) -> None:
-    """Model and engine flags shared by serve, generate and bench (names as vLLM users know them)."""
-    p.add_argument("--model", default=None,
-                   help="checkpoint folder (config.json + safetensors); default: the built-in model")
-    p.add_argument("--load-format", choices=("auto", "dummy"), default="auto",
-                   help="dummy: random weights of --preset's shapes, made on the device (no disk)")
-    p.add_argument("--preset", choices=PRESETS, default=None, help="shapes for --load-format dummy")
-    p.add_argument("--device", default=None, help="cuda or cpu (default: cuda when available)")
-    p.add_argument("--dtype", choices=("auto", "bfloat16", "float32"), default="auto")
-    p.add_argument("--max-model-len", type=int, default=None)
-    p.add_argument("--max-num-seqs", type=int, default=None)
-    p.add_argument("--max-num-batched-tokens", type=int, default=None)
-    p.add_argument("--admission-delay-ms", type=float, default=0.0,
-                   help="while requests decode, let newcomers gather this long (or 32 of them) before a "
-                        "prefill joins the batch: more decode-only (CUDA-graph) steps, a little more TTFT")
-    p.add_argument("--gpu-memory-utilization", type=float, default=0.90)
-    p.add_argument("--kv-cache-gb", type=float, default=None, help="KV-cache budget (CPU)")
-    p.add_argument("--block-size", type=int, default=16)
-    p.add_argument("--no-prefix-caching", action="store_true")
-    p.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs")
-    p.add_argument("--no-mixed-graphs", action="store_true",
-                   help="no CUDA graphs for steps that mix new prompts with decodes (they run eagerly)")
-    p.add_argument("--no-async-scheduling", action="store_true",
-                   help="finish each step before scheduling the next (no host/GPU overlap)")
-    p.add_argument("--tensor-parallel-size", type=int, default=1)
-    p.add_argument("--seed", type=int, default=0)
+from osserve.errors import OsserveError
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="osserve", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"osserve {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
 
     ck = sub.add_parser("checkpoint", help="write a random-weight checkpoint in the HF layout")
@@ -54,21 +30,13 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--temperature", type=float, default=0.0)
     gen.add_argument("--reasoning-effort", choices=("low", "medium", "high"), default="medium")
 
-    srv = sub.add_parser("serve", help="the OpenAI- and Ollama-compatible HTTP server")
+    srv = sub.add_parser("serve", help="the OpenAI- and Ollama-compatible HTTP server",
+                         usage="osserve serve [MODEL] [options]",
+                         description="The OpenAI- and Ollama-compatible HTTP server. vLLM's and SGLang's gpt-oss "
+                                     "recipe flags work as written, or are refused with the reason.")
     add_engine_args(srv)
-    srv.add_argument("--host", default="127.0.0.1")
-    srv.add_argument("--port", type=int, default=8000)
-    srv.add_argument("--served-model-name", default=None)
-    srv.add_argument("--api-key", default=None)
-    srv.add_argument("--max-waiting", type=int, default=None, help="queue bound; beyond it 503")
-    srv.add_argument("--engine-process", action=argparse.BooleanOptionalAction, default=None,
-                     help="run the engine's step loop in a process of its own, sharing no GIL with the HTTP "
-                          "server (default: yes on a GPU, no on a CPU)")
-    srv.add_argument("--api-server-count", type=int, default=None,
-                     help="HTTP server processes in front of the one engine process, sharing the port "
-                          "(default: 2 with the engine in a process of its own, else 1)")
-    srv.add_argument("--showcase", action="store_true",
-                     help="once up, send the demo model a question and a tool round trip, and print them")
+    add_server_args(srv)
+    add_tools_args(srv)
 
     bench = sub.add_parser("bench", help="benchmarks")
     bench_sub = bench.add_subparsers(dest="bench_command", required=True)
@@ -90,7 +58,26 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    """The console script: a setting or model osserve cannot use is one line on stderr, no traceback."""
+    try:
+        return _main(argv)
+    except OsserveError as e:
+        print(f"osserve: error: {e.message}", file=sys.stderr)
+        return 1
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    """Parse (vLLM's habits first: --config, underscores), then settle the model and refuse what
+    osserve cannot honour; the notes on flags osserve always honours go to stderr."""
+    args = build_parser().parse_args(prepare_argv(sys.argv[1:] if argv is None else argv))
+    if hasattr(args, "model_tag"):
+        for note in settle(args):
+            print(f"osserve: note: {note}", file=sys.stderr)
+    return args
+
+
+def _main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
     if args.command == "checkpoint":
         from osserve.config import preset
         from osserve.model.checkpoint import write_checkpoint

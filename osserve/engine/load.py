@@ -19,9 +19,11 @@ from osserve.engine.worker.kv_tensors import allocate_kv_caches, layer_groups, p
 from osserve.engine.worker.runner import ModelRunner
 from osserve.errors import ConfigError
 from osserve.model.checkpoint import fill_random_weights
+from osserve.model.resolve import resolve_model
 from osserve.model.weights import build_model, load_weights
 from osserve.ops.moe import swapped
 from osserve.tokenizer import load_tokenizer
+from osserve.unsupported import refuse_unsupported
 
 log = logging.getLogger("osserve")
 
@@ -34,7 +36,9 @@ WORKSPACE_BYTES = 3 * 2**30
 
 @dataclass
 class EngineArgs:
-    model: str | None = None  # None: the built-in model
+    model: str | None = None  # a folder or a Hugging Face id (model/resolve.py); None: the built-in model
+    revision: str | None = None  # of a Hugging Face id
+    download_dir: str | None = None  # the Hugging Face cache to use
     load_format: str = "auto"  # "dummy": random weights of `preset`'s shapes, made on the device
     preset: str | None = None
     device: str | None = None
@@ -49,9 +53,13 @@ class EngineArgs:
     block_size: int = 16
     no_prefix_caching: bool = False
     enforce_eager: bool = False
+    max_cudagraph_capture_size: int | None = None  # None: up to max_num_seqs
     no_mixed_graphs: bool = False  # mixed prefill+decode steps run eagerly (A/B, debugging)
     no_async_scheduling: bool = False
+    # Parsed, refused when not 1 / None / "auto" until built (osserve/unsupported.py).
     tensor_parallel_size: int = 1
+    kv_cache_dtype: str = "auto"
+    speculative_config: str | None = None
     seed: int = 0
 
     @classmethod
@@ -89,8 +97,7 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
 
 
 def build_engine(args: EngineArgs) -> LLMEngine:
-    if args.tensor_parallel_size != 1:
-        raise ConfigError("--tensor-parallel-size > 1 is not supported yet")
+    refuse_unsupported(args)
     device = resolve_device(args.device)
     dtype = resolve_dtype(args.dtype, device)
     if args.load_format == "dummy":
@@ -100,7 +107,8 @@ def build_engine(args: EngineArgs) -> LLMEngine:
         model = build_model(cfg, device, dtype)
         fill_random_weights(model, cfg, args.seed)
     else:
-        model_dir = Path(args.model) if args.model else builtin_model_dir()
+        model_dir = resolve_model(args.model, args.revision, args.download_dir).path if args.model \
+            else builtin_model_dir()
         cfg = ModelConfig.from_pretrained(model_dir)
         model = build_model(cfg, device, dtype)
         load_weights(model, model_dir, show_progress=device.type == "cuda")
@@ -150,7 +158,8 @@ def build_engine(args: EngineArgs) -> LLMEngine:
     graphs_bytes = 0
     if device.type == "cuda" and not args.enforce_eager:
         before = torch.cuda.memory_reserved(device)
-        runner.capture_decode_graphs(list(plan.num_blocks), max_model_len, sched.max_num_seqs,
+        largest = min(sched.max_num_seqs, args.max_cudagraph_capture_size or sched.max_num_seqs)
+        runner.capture_decode_graphs(list(plan.num_blocks), max_model_len, largest,
                                      mixed=not args.no_mixed_graphs)
         graphs_bytes = torch.cuda.memory_reserved(device) - before
     log.info(

@@ -75,6 +75,7 @@ class ServerSpec:
     port: int
     max_waiting: int | None = None
     log_level: str = "info"
+    access_log: bool = True  # False: --disable-log-requests
 
 
 def _server_main(spec: ServerSpec, link: Link, info: dict[str, Any], ready: Event) -> None:
@@ -90,7 +91,8 @@ def _server_main(spec: ServerSpec, link: Link, info: dict[str, Any], ready: Even
     sock = reuse_port_socket(spec.host, spec.port)
     ready.set()
     try:
-        uvicorn.Server(uvicorn.Config(app, log_level=spec.log_level, timeout_graceful_shutdown=5)).run(
+        uvicorn.Server(uvicorn.Config(app, log_level=spec.log_level, access_log=spec.access_log,
+                                       timeout_graceful_shutdown=5)).run(
             sockets=[sock])
     finally:
         engine.shutdown()
@@ -182,7 +184,8 @@ def run_api_servers(args: argparse.Namespace, count: int, config: ServerConfig, 
         raise KeyboardInterrupt  # SIGTERM stops as Ctrl-C does: through stop()
 
     signal.signal(signal.SIGTERM, interrupt)
-    spec = ServerSpec(config, args.host, args.port, args.max_waiting)
+    spec = ServerSpec(config, args.host, args.port, args.max_waiting,
+                      access_log=not getattr(args, "disable_log_requests", False))
     with ApiServers(EngineArgs.from_namespace(args), count, spec) as servers:
         log.info("%d HTTP server processes in front of one engine process", count)
         announce()

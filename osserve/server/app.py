@@ -14,6 +14,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from osserve import __version__
 from osserve.engine.core.outputs import EngineClient
+from osserve.model.card import ModelCard
 from osserve.server import chat, completions, ollama, responses
 from osserve.server.errors import error_response, install_error_handlers
 from osserve.server.generation import ServerState
@@ -31,6 +32,8 @@ class ServerConfig:
     max_body_bytes: int = 8 * 2**20
     max_stored_responses: int = 1024
     responses_db: str = ":memory:"  # a file when several server processes share it (api_servers.py)
+    model_card: ModelCard | None = None  # what /api/show, /api/tags and /api/ps tell of the model
+    stream_interval: int = 1  # tokens per streamed chunk (vLLM's --stream-interval); the first comes at once
 
 
 class _Guard:
@@ -71,8 +74,9 @@ def create_app(engine: EngineClient, tokenizer: Tokenizer, config: ServerConfig)
     state = ServerState(engine=engine, tokenizer=tokenizer, model_name=config.model_name,
                         metrics=ServerMetrics(engine.stats, config.model_name),
                         responses=ResponseStore(config.max_stored_responses, config.responses_db),
-                        api_key=config.api_key)
+                        api_key=config.api_key, stream_interval=config.stream_interval)
     app.state.osserve = state
+    app.state.model_card = config.model_card
     app.add_middleware(_Guard, config=config)
     install_error_handlers(app)
     for module in (chat, completions, responses, ollama):

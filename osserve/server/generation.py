@@ -29,6 +29,7 @@ class ServerState:
     metrics: ServerMetrics
     responses: ResponseStore
     api_key: str | None = None
+    stream_interval: int = 1  # tokens per delta handed on, after the first (vLLM's --stream-interval)
 
     def check_model(self, name: str) -> None:
         # Ollama clients send "name:tag"; accept our name with any tag.
@@ -60,10 +61,13 @@ def sampling_params(
 async def generate(
     state: ServerState, prompt: list[int], params: SamplingParams, request_id: str
 ) -> AsyncIterator[CompletionDelta]:
-    """The engine's deltas for one request, recording TTFT / ITL / e2e / queue time."""
+    """The engine's deltas for one request, recording TTFT / ITL / e2e / queue time. With a
+    stream interval N > 1, deltas after the first token are joined until they hold N tokens (or
+    the last one comes): fewer, larger chunks for the HTTP side to write."""
     start = time.monotonic()
     first: float | None = None
     last = start
+    held: CompletionDelta | None = None
     async for d in state.engine.generate(prompt, params, request_id):
         now = time.monotonic()
         if d.new_token_ids:
@@ -75,6 +79,12 @@ async def generate(
         if d.finished:
             state.metrics.observe_request(None if first is None else first - start, now - start,
                                           d.queue_time, d.finish_reason)
+        # Held: every delta after the first tokens (an error delta after held tokens, too).
+        if state.stream_interval > 1 and (held is not None or d.num_output_tokens > len(d.new_token_ids)):
+            held = d if held is None else held.then(d)
+            if not d.finished and len(held.new_token_ids) < state.stream_interval:
+                continue
+            d, held = held, None
         yield d
 
 

@@ -1,12 +1,19 @@
-"""Ollama's API: POST /api/chat, POST /api/generate (NDJSON streaming by default, `think`,
-`options`), GET /api/tags, GET /api/version — so Ollama clients and UIs work unchanged."""
+"""Ollama's API, so the `ollama` client library, Open WebUI and other Ollama clients work unchanged:
+POST /api/chat and /api/generate (NDJSON streaming by default, `think`, `options`, tools), GET
+/api/tags (the model list), POST /api/show, GET /api/ps (the loaded model), GET /api/version.
+
+Durations are Ollama's, in nanoseconds, and measured: `load_duration` is the time the request
+waited for the model (Ollama counts its wait for a runner; here, the engine's queue),
+`prompt_eval_duration` from then to the first token (the prompt's prefill), `eval_duration` from
+the first token to the last, `total_duration` from the request's arrival to its end."""
 
 from __future__ import annotations
 
 import json
 import time
 from collections.abc import AsyncIterator
-from datetime import UTC, datetime
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -17,9 +24,13 @@ from osserve import __version__
 from osserve.engine.core.outputs import CompletionDelta
 from osserve.harmony.render import ChatMessage, FunctionTool, ToolCall, render_chat
 from osserve.harmony.stream import ContentDelta, HarmonyStreamParser, ReasoningDelta
+from osserve.model.card import ModelCard
 from osserve.server.generation import ServerState, generate, new_id, sampling_params, with_first
 
 router = APIRouter()
+FAMILY = "gptoss"  # Ollama's name for the architecture
+# osserve keeps the model loaded for as long as it runs: Ollama's answer for keep_alive -1.
+FOREVER = timedelta(days=365 * 290)
 
 
 class OllamaMessage(BaseModel):
@@ -64,6 +75,12 @@ class OllamaGenerateRequest(BaseModel):
     options: OllamaOptions | None = None
 
 
+class OllamaShowRequest(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    model: str | None = None
+    name: str | None = None  # the older field
+
+
 def _params(opts: OllamaOptions | None) -> Any:
     o = opts or OllamaOptions()
     extra: dict[str, Any] = {}
@@ -82,29 +99,49 @@ def _effort(think: bool | str | None) -> str:
     return think if isinstance(think, str) and think in ("low", "medium", "high") else "medium"
 
 
-def _now() -> str:
-    return datetime.now(UTC).isoformat().replace("+00:00", "Z")
+def _time(t: datetime | float | None = None) -> str:
+    when = datetime.fromtimestamp(t, UTC) if isinstance(t, float) else t or datetime.now(UTC)
+    return when.isoformat().replace("+00:00", "Z")
 
 
-async def _run(state: ServerState, prompt: list[int], prefill: list[int], params: Any, stream: bool,
-               shape: Any) -> Any:
-    """Drive one generation; `shape(delta_text, thinking_text, final)` builds each NDJSON object."""
-    start = time.monotonic_ns()
+@dataclass
+class _Clock:
+    """A request's moments, in time.monotonic_ns(): its arrival, its hand-over to the engine, its
+    first token."""
+
+    arrived: int
+    submitted: int = 0
+    first_token: int | None = None
+
+    def durations(self, last: CompletionDelta, prompt_tokens: int) -> dict[str, Any]:
+        end = time.monotonic_ns()
+        waited = int((last.queue_time or 0.0) * 1e9)  # in the engine's queue, before its first step
+        first = self.first_token or end
+        return {"total_duration": end - self.arrived, "load_duration": waited,
+                "prompt_eval_count": prompt_tokens,
+                "prompt_eval_duration": max(0, first - self.submitted - waited),
+                "eval_count": last.num_output_tokens, "eval_duration": end - first}
+
+
+async def _run(state: ServerState, clock: _Clock, prompt: list[int], prefill: list[int], params: Any,
+               stream: bool, shape: Any) -> Any:
+    """Drive one generation; `shape(delta_text, thinking_text, parser, final)` builds each NDJSON object."""
+    clock.submitted = time.monotonic_ns()
     deltas = generate(state, prompt, params, new_id("ollama"))
     first = await anext(deltas)
     parser = HarmonyStreamParser(state.tokenizer, prefill)
 
     def split(d: CompletionDelta) -> tuple[str, str]:
+        if d.new_token_ids and clock.first_token is None:
+            clock.first_token = time.monotonic_ns()
         out = parser.push(d.new_token_ids) + (parser.finish() if d.finished else [])
         content = "".join(x.text for x in out if isinstance(x, ContentDelta))
         thinking = "".join(x.text for x in out if isinstance(x, ReasoningDelta))
         return content, thinking
 
     def final_fields(d: CompletionDelta) -> dict[str, Any]:
-        took = time.monotonic_ns() - start
         return {"done": True, "done_reason": "length" if d.finish_reason == "length" else "stop",
-                "total_duration": took, "load_duration": 0, "prompt_eval_count": len(prompt),
-                "prompt_eval_duration": 0, "eval_count": d.num_output_tokens, "eval_duration": took}
+                **clock.durations(d, len(prompt))}
 
     if stream:
         async def lines() -> AsyncIterator[str]:
@@ -123,10 +160,19 @@ async def _run(state: ServerState, prompt: list[int], prefill: list[int], params
     return JSONResponse(shape(p.content, p.reasoning, parser, final_fields(last)))
 
 
+def _loaded(model: str, clock: _Clock, **fields: Any) -> JSONResponse:
+    """Ollama's answer to an empty prompt or message list: the model is loaded (here it always is)."""
+    return JSONResponse({"model": model, "created_at": _time(), **fields, "done": True, "done_reason": "load",
+                         "total_duration": time.monotonic_ns() - clock.arrived, "load_duration": 0})
+
+
 @router.post("/api/chat")
 async def ollama_chat(body: OllamaChatRequest, request: Request) -> Any:
+    clock = _Clock(time.monotonic_ns())
     state: ServerState = request.app.state.osserve
     state.check_model(body.model)
+    if not body.messages:
+        return _loaded(body.model, clock, message={"role": "assistant", "content": ""})
     messages = []
     for m in body.messages:
         calls = [ToolCall(new_id("call_"), c.get("function", {}).get("name", ""),
@@ -147,15 +193,19 @@ async def ollama_chat(body: OllamaChatRequest, request: Request) -> Any:
         if final is not None and parser.parsed.tool_calls:
             msg["tool_calls"] = [{"function": {"name": c.name, "arguments": _json_or_text(c.arguments)}}
                                  for c in parser.parsed.tool_calls]
-        return {"model": body.model, "created_at": _now(), "message": msg, **(final or {"done": False})}
+        return {"model": body.model, "created_at": _time(), "message": msg, **(final or {"done": False})}
 
-    return await _run(state, prompt.token_ids, prompt.prefill_token_ids, _params(body.options), body.stream, shape)
+    return await _run(state, clock, prompt.token_ids, prompt.prefill_token_ids, _params(body.options),
+                      body.stream, shape)
 
 
 @router.post("/api/generate")
 async def ollama_generate(body: OllamaGenerateRequest, request: Request) -> Any:
+    clock = _Clock(time.monotonic_ns())
     state: ServerState = request.app.state.osserve
     state.check_model(body.model)
+    if not body.prompt and not body.system:
+        return _loaded(body.model, clock, response="")
     if body.raw:
         prompt_ids, prefill = state.tokenizer.encode(body.prompt), []
     else:
@@ -165,20 +215,54 @@ async def ollama_generate(body: OllamaGenerateRequest, request: Request) -> Any:
     show_thinking = body.think is not False
 
     def shape(content: str, thinking: str, parser: HarmonyStreamParser, final: dict | None) -> dict:
-        out: dict[str, Any] = {"model": body.model, "created_at": _now(), "response": content}
+        out: dict[str, Any] = {"model": body.model, "created_at": _time(), "response": content}
         if show_thinking and thinking:
             out["thinking"] = thinking
         return {**out, **(final or {"done": False})}
 
-    return await _run(state, prompt_ids, prefill, _params(body.options), body.stream, shape)
+    return await _run(state, clock, prompt_ids, prefill, _params(body.options), body.stream, shape)
+
+
+def _details(card: ModelCard | None) -> dict[str, Any]:
+    details: dict[str, Any] = {"parent_model": "", "format": "safetensors", "family": FAMILY, "families": [FAMILY]}
+    if card is not None:
+        details |= {"parameter_size": card.parameter_size, "quantization_level": card.quantization}
+    return details
+
+
+def _entry(state: ServerState, card: ModelCard | None) -> dict[str, Any]:
+    """The model as /api/tags and /api/ps list it."""
+    return {"name": state.model_name, "model": state.model_name,
+            "modified_at": _time(card.modified_at if card else None), "size": card.weight_bytes if card else 0,
+            "digest": card.digest if card else "", "details": _details(card)}
 
 
 @router.get("/api/tags")
 async def ollama_tags(request: Request) -> Any:
+    return {"models": [_entry(request.app.state.osserve, request.app.state.model_card)]}
+
+
+@router.get("/api/ps")
+async def ollama_ps(request: Request) -> Any:
     state: ServerState = request.app.state.osserve
-    return {"models": [{"name": state.model_name, "model": state.model_name, "modified_at": _now(), "size": 0,
-                        "digest": "", "details": {"format": "safetensors", "family": "gpt-oss",
-                                                  "families": ["gpt-oss"], "quantization_level": "MXFP4"}}]}
+    card: ModelCard | None = request.app.state.model_card
+    return {"models": [{**_entry(state, card), "expires_at": _time(datetime.now(UTC) + FOREVER),
+                        "size_vram": card.weight_bytes if card and card.on_gpu else 0,
+                        "context_length": state.engine.max_model_len}]}
+
+
+@router.post("/api/show")
+async def ollama_show(body: OllamaShowRequest, request: Request) -> Any:
+    state: ServerState = request.app.state.osserve
+    state.check_model(body.model or body.name or "")
+    card: ModelCard | None = request.app.state.model_card
+    info: dict[str, Any] = {"general.architecture": FAMILY}
+    if card is not None:
+        info |= {"general.parameter_count": card.parameter_count, f"{FAMILY}.context_length": card.context_length}
+        info |= {f"{FAMILY}.{k}": v for k, v in card.shape.items()}
+    return {"modelfile": f"FROM {state.model_name}\n", "parameters": "temperature 1\ntop_p 1", "template": "",
+            "details": _details(card), "model_info": info, "capabilities": ["completion", "tools", "thinking"],
+            "modified_at": _time(card.modified_at if card else None)}
 
 
 @router.get("/api/version")

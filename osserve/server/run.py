@@ -9,7 +9,11 @@ import threading
 
 from osserve import __version__
 from osserve.errors import ConfigError
+from osserve.model.card import ModelCard, model_card
+from osserve.model.resolve import resolve_model
 from osserve.server.app import ServerConfig, create_app
+
+log = logging.getLogger("osserve")
 
 
 def run_server(args: argparse.Namespace) -> int:
@@ -18,9 +22,9 @@ def run_server(args: argparse.Namespace) -> int:
     from osserve.engine.async_engine import build_async_engine, engine_in_own_process
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    name = args.served_model_name or (args.model.rstrip("/").split("/")[-1] if args.model else
-                                      f"gpt-oss-{args.preset}" if args.preset else "osserve-builtin")
-    config = ServerConfig(model_name=name, api_key=args.api_key)
+    name, card = served_model(args)
+    config = ServerConfig(model_name=name, api_key=args.api_key, model_card=card,
+                          stream_interval=getattr(args, "stream_interval", 1))
     count = args.api_server_count
     # On a GPU one HTTP process falls behind the engine: 20b served 18,084.2 / 18,760.9 tok/s with one,
     # 22,177.4 / 21,550.2 with two (H100, 2026-11-24, one call; BENCHMARKS.md, the 20b serving row).
@@ -36,10 +40,32 @@ def run_server(args: argparse.Namespace) -> int:
     app = create_app(engine, engine.tokenizer, config)
     _announce(args, name)
     try:
-        uvicorn.run(app, host=args.host, port=args.port, log_level="info")
+        uvicorn.run(app, host=args.host, port=args.port, log_level="info",
+                    access_log=not getattr(args, "disable_log_requests", False))
     finally:
         engine.shutdown()
     return 0
+
+
+def served_model(args: argparse.Namespace) -> tuple[str, ModelCard]:
+    """The served name and what the Ollama routes tell of the model. A Hugging Face id is resolved
+    here, before any process starts (cache first, then the Hub: model/resolve.py), and the engine is
+    handed the folder; the name defaults to the id (vLLM's rule) or the folder's name."""
+    from osserve.config import ModelConfig, preset
+    from osserve.engine.load import builtin_model_dir, resolve_device
+
+    on_gpu = resolve_device(args.device).type == "cuda"
+    if args.load_format == "dummy":
+        if args.preset is None:
+            raise ConfigError("--load-format dummy needs --preset tiny|20b|120b")
+        return args.served_model_name or f"gpt-oss-{args.preset}", model_card(preset(args.preset), None, on_gpu)
+    if args.model is None:
+        folder, name = builtin_model_dir(), "osserve-builtin"
+    else:
+        resolved = resolve_model(args.model, getattr(args, "revision", None), getattr(args, "download_dir", None))
+        log.info("model %s: %s (%s)", args.model, resolved.path, resolved.source)
+        folder, name, args.model = resolved.path, resolved.name, str(resolved.path)
+    return args.served_model_name or name, model_card(ModelConfig.from_pretrained(folder), folder, on_gpu)
 
 
 def _announce(args: argparse.Namespace, name: str) -> None:
