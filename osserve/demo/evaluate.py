@@ -137,8 +137,8 @@ def llm_asker(llm: Any, max_tokens: int = 160) -> Ask:
         prompts = [render_chat(r.messages, tools=r.tools, reasoning_effort=r.effort) for r in requests]
         outs = llm.generate([p.token_ids for p in prompts], SamplingParams(temperature=0.0, max_tokens=max_tokens))
         replies = []
-        for p, out in zip(prompts, outs, strict=True):
-            parsed = parse_completion(out.token_ids, p.prefill_token_ids)
+        for out in outs:
+            parsed = parse_completion(out.token_ids)
             replies.append(Reply(parsed.content, [(c.name, c.arguments) for c in parsed.tool_calls]))
         return replies
 

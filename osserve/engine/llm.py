@@ -4,14 +4,17 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 from osserve.engine.core.outputs import RequestOutput, TokenLogprob
 from osserve.engine.core.sampling_params import SamplingParams
 from osserve.engine.engine import LLMEngine
 from osserve.engine.load import EngineArgs, build_engine
-from osserve.harmony.render import ChatMessage, Effort, FunctionTool, render_chat
+from osserve.harmony.render import ChatMessage, Effort, FunctionTool, ResponseFormat, render_chat
 from osserve.harmony.stream import ParsedOutput, parse_completion
+from osserve.structured.grammar import check
+from osserve.structured.spec import ToolSpec
 
 
 class LLM:
@@ -35,6 +38,8 @@ class LLM:
         for prompt, p in zip(prompts, plist, strict=True):
             ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)  # type: ignore[arg-type]
             rid = f"llm-{next(self._ids)}"
+            if p.structured is not None:
+                check(p.structured, p.max_tokens)  # a bad schema raises here, before anything runs
             self.engine.add_request(rid, ids, _copy(p))
             order.append(rid)
         return self._run(order)
@@ -43,10 +48,19 @@ class LLM:
         self, messages: list[ChatMessage], params: SamplingParams | None = None,
         reasoning_effort: Effort = "medium", tools: list[FunctionTool] | None = None,
     ) -> tuple[RequestOutput, ParsedOutput]:
-        """One harmony conversation: the raw output and its parse (reasoning, answer, tool calls)."""
-        prompt = render_chat(messages, tools=tools, reasoning_effort=reasoning_effort)
+        """One harmony conversation: the raw output and its parse (reasoning, answer, tool calls).
+        A `params.structured` constraint applies to the answer (and tool calls), not the reasoning;
+        a JSON schema is also shown to the model in the developer message."""
+        params = _copy(params or SamplingParams())
+        told = None
+        if params.structured is not None:
+            params.structured = replace(params.structured, harmony=True, tools=params.structured.tools or [
+                ToolSpec(t.name, t.parameters) for t in tools or []])
+            schema = params.structured.json_schema or ({"type": "object"} if params.structured.json_object else None)
+            told = ResponseFormat("response", "", schema) if schema is not None else None
+        prompt = render_chat(messages, tools=tools, reasoning_effort=reasoning_effort, response_format=told)
         out = self.generate([prompt.token_ids], params)[0]
-        return out, parse_completion(out.token_ids, prompt.prefill_token_ids)
+        return out, parse_completion(out.token_ids)
 
     def _run(self, order: list[str]) -> list[RequestOutput]:
         prompts = {rid: self.engine.requests[rid].prompt_token_ids for rid in order}
@@ -71,6 +85,4 @@ class LLM:
 
 
 def _copy(p: SamplingParams) -> SamplingParams:
-    from dataclasses import replace
-
     return replace(p, stop_token_ids=list(p.stop_token_ids), stop=list(p.stop))

@@ -59,13 +59,22 @@ class FunctionTool:
     parameters: dict[str, Any] | None = None
 
 
-ToolChoice = Literal["auto", "none", "required"] | dict[str, str]
+ToolChoice = str | dict[str, Any]  # OpenAI's: "auto" | "none" | "required" | a function
+
+
+@dataclass
+class ResponseFormat:
+    """A JSON answer format, told to the model in the developer message's "# Response Formats"
+    (harmony's place for it); structured/ makes the answer follow it."""
+
+    name: str
+    description: str
+    schema: dict[str, Any]
 
 
 @dataclass
 class RenderedPrompt:
-    token_ids: list[int]  # the prompt, ending with what the model must continue from
-    prefill_token_ids: list[int]  # tokens after `<|start|>assistant` that we wrote for the model
+    token_ids: list[int]  # the prompt, ending with `<|start|>assistant`: the model writes the header
 
 
 def _system_message(effort: Effort, has_tools: bool) -> Message:
@@ -73,7 +82,16 @@ def _system_message(effort: Effort, has_tools: bool) -> Message:
     return Message.from_role_and_content(Role.SYSTEM, content)
 
 
-def _developer_message(instructions: list[str], tools: list[FunctionTool]) -> Message | None:
+def _response_format_text(fmt: ResponseFormat) -> str:
+    """The section harmony's format gives a structured answer (the gpt-oss harmony guide)."""
+    comment = f"// {fmt.description}\n" if fmt.description else ""
+    return f"# Response Formats\n\n## {fmt.name}\n\n{comment}{json.dumps(fmt.schema, separators=(',', ':'))}"
+
+
+def _developer_message(instructions: list[str], tools: list[FunctionTool],
+                       response_format: ResponseFormat | None = None) -> Message | None:
+    if response_format is not None:
+        instructions = [*instructions, _response_format_text(response_format)]
     if not instructions and not tools:
         return None
     content = DeveloperContent.new()
@@ -104,13 +122,13 @@ def assistant_messages(m: ChatMessage) -> list[Message]:
     return out
 
 
-def harmony_messages(messages: list[ChatMessage], tools: list[FunctionTool],
-                     reasoning_effort: Effort) -> tuple[list[Message], int]:
+def harmony_messages(messages: list[ChatMessage], tools: list[FunctionTool], reasoning_effort: Effort,
+                     response_format: ResponseFormat | None = None) -> tuple[list[Message], int]:
     """The chat as harmony messages, and how many of them lead it (the system message and the
     developer's, if any: their tokens are rendered once, _render_head)."""
     instructions = [m.content for m in messages if m.role in ("system", "developer") and m.content]
     convo: list[Message] = [_system_message(reasoning_effort, bool(tools))]
-    dev = _developer_message(instructions, tools)
+    dev = _developer_message(instructions, tools, response_format)
     if dev is not None:
         convo.append(dev)
     call_names: dict[str, str] = {}
@@ -146,36 +164,19 @@ def render_chat(
     tools: list[FunctionTool] | None = None,
     tool_choice: ToolChoice = "auto",
     reasoning_effort: Effort = "medium",
+    response_format: ResponseFormat | None = None,
 ) -> RenderedPrompt:
-    """The prompt tokens for the assistant's next turn."""
-    tools = list(tools or [])
-    if tool_choice == "none":
-        tools = []  # as vLLM does: the model is not told of tools it may not call
-    names = {t.name for t in tools}
-    forced: str | None = None
-    if isinstance(tool_choice, dict):
-        forced = tool_choice.get("name")
-        if forced not in names:
-            raise InvalidRequestError(f"tool_choice names '{forced}', which is not in tools", "tool_choice")
-    elif tool_choice == "required":
-        if not tools:
-            raise InvalidRequestError("tool_choice 'required' needs at least one tool", "tool_choice")
-        if len(tools) == 1:
-            forced = tools[0].name
-    convo, head = harmony_messages(messages, tools, reasoning_effort)
+    """The prompt tokens for the assistant's next turn. A forced or forbidden tool call is the
+    output grammar's to enforce (structured/grammar.py): the prompt only leaves out the tools of
+    tool_choice "none", as vLLM does (the model is not told of tools it may not call)."""
+    tools = [] if tool_choice == "none" else list(tools or [])
+    convo, head = harmony_messages(messages, tools, reasoning_effort, response_format)
     enc = load_tokenizer().encoding
     ids = list(_render_head(Conversation.from_messages(convo[:head]).to_json()))
     ids += enc.render_conversation_for_completion(  # type: ignore[attr-defined]
         Conversation.from_messages(convo[head:]), Role.ASSISTANT, RENDER_CONFIG
     )
-    prefill: list[int] = []
-    if forced is not None:
-        prefill = _encode_special(f" to=functions.{forced}<|channel|>commentary")
-    elif tool_choice == "required":
-        # Several tools: the recipient header is begun, so the model must name one of them. The
-        # dot is left to the model: o200k merges it into the name (".get"), as in training.
-        prefill = _encode_special("<|channel|>commentary to=functions")
-    return RenderedPrompt(token_ids=ids + prefill, prefill_token_ids=prefill)
+    return RenderedPrompt(token_ids=ids)
 
 
 RENDER_CONFIG = RenderConversationConfig(auto_drop_analysis=False)
@@ -202,10 +203,6 @@ def _drop_analysis_before_last_final(convo: list[Message]) -> list[Message]:
         return convo
     last = finals[-1]
     return [m for i, m in enumerate(convo) if not (i < last and m.channel == "analysis")]
-
-
-def _encode_special(text: str) -> list[int]:
-    return load_tokenizer().encoding.encode(text, allowed_special="all")  # type: ignore[attr-defined]
 
 
 def tool_arguments_json(arguments: str | dict[str, Any]) -> str:

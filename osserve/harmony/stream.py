@@ -10,8 +10,7 @@ all degrade to text and the response finishes. Special tokens are never shown as
     <|start|>assistant<|channel|>commentary<|message|>...<|end|>        → content (a preamble)
     <|start|>assistant to=functions.f<|channel|>commentary <|constrain|>json<|message|>{..}<|call|>
                                                                          → tool call f({..})
-The prompt ends with `<|start|>assistant` (plus any header we prefilled), so parsing starts in
-the header.
+The prompt ends with `<|start|>assistant`, so parsing starts in the header.
 """
 
 from __future__ import annotations
@@ -101,8 +100,7 @@ class HarmonyStreamParser:
     """Feed output token ids with `push`; get deltas back. `parsed` accumulates the whole."""
 
     def __init__(
-        self, tokenizer: Tokenizer | None = None, prefill_token_ids: list[int] | None = None,
-        new_call_id: Callable[[], str] = _new_call_id,
+        self, tokenizer: Tokenizer | None = None, new_call_id: Callable[[], str] = _new_call_id,
     ) -> None:
         self.tok = tokenizer or load_tokenizer()
         self.new_call_id = new_call_id
@@ -111,8 +109,6 @@ class HarmonyStreamParser:
         self.kind: str = "content"  # of the current message: reasoning | content | tool
         self.decoder = IncrementalDecoder(self.tok)
         self.parsed = ParsedOutput()
-        for t in prefill_token_ids or []:
-            self.push([t])
 
     @property
     def done(self) -> bool:
@@ -240,12 +236,9 @@ def _merge(deltas: list[Delta]) -> list[Delta]:
     return merged
 
 
-def parse_completion(
-    token_ids: list[int], prefill_token_ids: list[int] | None = None,
-    new_call_id: Callable[[], str] = _new_call_id,
-) -> ParsedOutput:
+def parse_completion(token_ids: list[int], new_call_id: Callable[[], str] = _new_call_id) -> ParsedOutput:
     """The whole output at once (non-streaming responses)."""
-    parser = HarmonyStreamParser(prefill_token_ids=prefill_token_ids, new_call_id=new_call_id)
+    parser = HarmonyStreamParser(new_call_id=new_call_id)
     parser.push(token_ids)
     parser.finish()
     return parser.parsed

@@ -11,7 +11,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 
 from osserve.engine.core.outputs import CompletionDelta
 from osserve.errors import EngineDeadError, InvalidRequestError
-from osserve.harmony.render import ChatMessage, FunctionTool, RenderedPrompt, ToolCall, render_chat
+from osserve.harmony.render import ChatMessage, FunctionTool, RenderedPrompt, ResponseFormat, ToolCall, render_chat
 from osserve.harmony.stream import (
     ContentDelta,
     Delta,
@@ -24,6 +24,7 @@ from osserve.server.errors import error_body
 from osserve.server.generation import (
     ServerState,
     choice_params,
+    constrain,
     generate_n,
     new_id,
     sampling_params,
@@ -31,7 +32,9 @@ from osserve.server.generation import (
     with_first,
 )
 from osserve.server.logprobs import chat_logprobs
-from osserve.server.protocol import ChatCompletionRequest, ChatMessageIn
+from osserve.server.protocol import ChatCompletionRequest, ChatMessageIn, ChatTool
+from osserve.structured.requests import chat_structured, format_instructions
+from osserve.structured.spec import StructuredOutputs, ToolSpec
 
 router = APIRouter()
 
@@ -66,29 +69,28 @@ def to_chat_messages(req: ChatCompletionRequest) -> list[ChatMessage]:
     return out
 
 
-def render_request(req: ChatCompletionRequest) -> RenderedPrompt:
-    if req.response_format is not None and req.response_format.type == "json_schema":
-        schema = req.response_format.json_schema or {}
-        if schema.get("strict"):
-            raise InvalidRequestError("response_format json_schema with strict: true is not supported "
-                                      "yet (no constrained decoding)", "response_format")
+def tool_specs(tools: list[ChatTool] | None) -> list[ToolSpec]:
+    return [ToolSpec(t.function.name, t.function.parameters, bool(t.function.strict)) for t in tools or []]
+
+
+def render_request(req: ChatCompletionRequest) -> tuple[RenderedPrompt, StructuredOutputs | None]:
+    """The prompt and the output's constraint (the answer format, forced or forbidden tool calls)."""
+    fmt = req.response_format.model_dump(exclude_none=True) if req.response_format is not None else None
+    spec = chat_structured(fmt, "response_format", True, tool_specs(req.tools), req.tool_choice)
     tools = [FunctionTool(t.function.name, t.function.description, t.function.parameters)
              for t in req.tools or []]
-    choice: Any = req.tool_choice or "auto"
-    if isinstance(choice, dict):
-        name = (choice.get("function") or {}).get("name") or choice.get("name")
-        if not name:
-            raise InvalidRequestError("tool_choice object needs function.name", "tool_choice")
-        choice = {"name": name}
-    return render_chat(to_chat_messages(req), tools=tools, tool_choice=choice,
-                       reasoning_effort=req.reasoning_effort or "medium")
+    told = format_instructions(fmt, nested=True)
+    prompt = render_chat(to_chat_messages(req), tools=tools, tool_choice=req.tool_choice or "auto",
+                         reasoning_effort=req.reasoning_effort or "medium",
+                         response_format=ResponseFormat(*told) if told else None)
+    return prompt, spec
 
 
 class _Choice:
     """One choice's parser and accumulated output."""
 
-    def __init__(self, state: ServerState, prefill: list[int]) -> None:
-        self.parser = HarmonyStreamParser(state.tokenizer, prefill)
+    def __init__(self, state: ServerState) -> None:
+        self.parser = HarmonyStreamParser(state.tokenizer)
         self.logprobs: list[Any] = []
         self.finish: CompletionDelta | None = None
 
@@ -124,17 +126,17 @@ def usage(prompt_len: int, choices: list[_Choice]) -> dict[str, Any]:
 async def chat_completions(body: ChatCompletionRequest, request: Request) -> Any:
     state: ServerState = request.app.state.osserve
     state.check_model(body.model)
-    prompt = render_request(body)
+    prompt, spec = render_request(body)
     extra = body.engine_extras()
-    base = sampling_params(
+    base = constrain(sampling_params(
         temperature=body.temperature, top_p=body.top_p, seed=body.seed, stop=body.stop_list(),
         max_tokens=body.max_completion_tokens or body.max_tokens, extra=extra,
         logprobs=(body.top_logprobs or 0) if body.logprobs else None,
-    )
+    ), spec)
     rid = new_id("chatcmpl")
     stream = generate_n(state, prompt.token_ids, choice_params(base, body.n), rid)
     first = await anext(stream)  # validation errors surface here, before any byte is sent
-    choices = [_Choice(state, prompt.prefill_token_ids) for _ in range(body.n)]
+    choices = [_Choice(state) for _ in range(body.n)]
     created = int(time.time())
     if body.stream:
         return StreamingResponse(

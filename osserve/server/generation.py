@@ -16,6 +16,8 @@ from osserve.engine.core.sampling_params import DEFAULT_STOP_TOKEN_IDS, Sampling
 from osserve.errors import ModelNotFoundError
 from osserve.server.metrics import ServerMetrics
 from osserve.server.responses_store import ResponseStore
+from osserve.structured.grammar import check
+from osserve.structured.spec import StructuredOutputs
 from osserve.tokenizer import Tokenizer
 
 T = TypeVar("T")
@@ -56,6 +58,15 @@ def sampling_params(
     for k, v in (extra or {}).items():
         setattr(p, k, v)
     return p
+
+
+def constrain(params: SamplingParams, spec: StructuredOutputs | None) -> SamplingParams:
+    """params with the output constraint, checked here (a bad schema is a 400 before the engine sees
+    the request; the engine compiles it off its step loop)."""
+    if spec is not None:
+        check(spec, params.max_tokens)
+        params.structured = spec
+    return params
 
 
 async def generate(

@@ -22,10 +22,12 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from osserve import __version__
 from osserve.engine.core.outputs import CompletionDelta
-from osserve.harmony.render import ChatMessage, FunctionTool, ToolCall, render_chat
+from osserve.harmony.render import ChatMessage, FunctionTool, ResponseFormat, ToolCall, render_chat
 from osserve.harmony.stream import ContentDelta, HarmonyStreamParser, ReasoningDelta
 from osserve.model.card import ModelCard
-from osserve.server.generation import ServerState, generate, new_id, sampling_params, with_first
+from osserve.server.generation import ServerState, constrain, generate, new_id, sampling_params, with_first
+from osserve.structured.requests import ollama_format
+from osserve.structured.spec import StructuredOutputs
 
 router = APIRouter()
 FAMILY = "gptoss"  # Ollama's name for the architecture
@@ -62,6 +64,7 @@ class OllamaChatRequest(BaseModel):
     think: bool | str | None = None
     options: OllamaOptions | None = None
     tools: list[dict[str, Any]] | None = None
+    format: str | dict[str, Any] | None = None  # "json" or a JSON schema: the answer follows it
 
 
 class OllamaGenerateRequest(BaseModel):
@@ -73,6 +76,7 @@ class OllamaGenerateRequest(BaseModel):
     think: bool | str | None = None
     raw: bool = False
     options: OllamaOptions | None = None
+    format: str | dict[str, Any] | None = None
 
 
 class OllamaShowRequest(BaseModel):
@@ -123,13 +127,23 @@ class _Clock:
                 "eval_count": last.num_output_tokens, "eval_duration": end - first}
 
 
-async def _run(state: ServerState, clock: _Clock, prompt: list[int], prefill: list[int], params: Any,
+def _format(fmt: Any, harmony: bool) -> tuple[StructuredOutputs | None, ResponseFormat | None]:
+    """Ollama's `format` as the output's constraint and, in a chat, the developer message's format."""
+    fields = ollama_format(fmt)
+    if not fields:
+        return None, None
+    spec = StructuredOutputs(harmony=harmony, answer_param="format", **fields)
+    schema = fields.get("json_schema", {"type": "object"})
+    return spec, ResponseFormat("response", "", schema) if harmony else None
+
+
+async def _run(state: ServerState, clock: _Clock, prompt: list[int], params: Any,
                stream: bool, shape: Any) -> Any:
     """Drive one generation; `shape(delta_text, thinking_text, parser, final)` builds each NDJSON object."""
     clock.submitted = time.monotonic_ns()
     deltas = generate(state, prompt, params, new_id("ollama"))
     first = await anext(deltas)
-    parser = HarmonyStreamParser(state.tokenizer, prefill)
+    parser = HarmonyStreamParser(state.tokenizer)
 
     def split(d: CompletionDelta) -> tuple[str, str]:
         if d.new_token_ids and clock.first_token is None:
@@ -183,7 +197,10 @@ async def ollama_chat(body: OllamaChatRequest, request: Request) -> Any:
             messages.append(ChatMessage(m.role, m.content, reasoning=m.thinking, tool_calls=calls))  # type: ignore[arg-type]
     tools = [FunctionTool(t["function"]["name"], t["function"].get("description", ""),
                           t["function"].get("parameters")) for t in body.tools or [] if "function" in t]
-    prompt = render_chat(messages, tools=tools, reasoning_effort=_effort(body.think))  # type: ignore[arg-type]
+    spec, told = _format(body.format, harmony=True)
+    prompt = render_chat(messages, tools=tools, reasoning_effort=_effort(body.think),  # type: ignore[arg-type]
+                         response_format=told)
+    params = constrain(_params(body.options), spec)
     show_thinking = body.think is not False
 
     def shape(content: str, thinking: str, parser: HarmonyStreamParser, final: dict | None) -> dict:
@@ -195,8 +212,7 @@ async def ollama_chat(body: OllamaChatRequest, request: Request) -> Any:
                                  for c in parser.parsed.tool_calls]
         return {"model": body.model, "created_at": _time(), "message": msg, **(final or {"done": False})}
 
-    return await _run(state, clock, prompt.token_ids, prompt.prefill_token_ids, _params(body.options),
-                      body.stream, shape)
+    return await _run(state, clock, prompt.token_ids, params, body.stream, shape)
 
 
 @router.post("/api/generate")
@@ -206,12 +222,14 @@ async def ollama_generate(body: OllamaGenerateRequest, request: Request) -> Any:
     state.check_model(body.model)
     if not body.prompt and not body.system:
         return _loaded(body.model, clock, response="")
+    spec, told = _format(body.format, harmony=not body.raw)
     if body.raw:
-        prompt_ids, prefill = state.tokenizer.encode(body.prompt), []
+        prompt_ids = state.tokenizer.encode(body.prompt)
     else:
         msgs = ([ChatMessage("system", body.system)] if body.system else []) + [ChatMessage("user", body.prompt)]
-        rendered = render_chat(msgs, reasoning_effort=_effort(body.think))  # type: ignore[arg-type]
-        prompt_ids, prefill = rendered.token_ids, rendered.prefill_token_ids
+        prompt_ids = render_chat(msgs, reasoning_effort=_effort(body.think),  # type: ignore[arg-type]
+                                 response_format=told).token_ids
+    params = constrain(_params(body.options), spec)
     show_thinking = body.think is not False
 
     def shape(content: str, thinking: str, parser: HarmonyStreamParser, final: dict | None) -> dict:
@@ -220,7 +238,7 @@ async def ollama_generate(body: OllamaGenerateRequest, request: Request) -> Any:
             out["thinking"] = thinking
         return {**out, **(final or {"done": False})}
 
-    return await _run(state, clock, prompt_ids, prefill, _params(body.options), body.stream, shape)
+    return await _run(state, clock, prompt_ids, params, body.stream, shape)
 
 
 def _details(card: ModelCard | None) -> dict[str, Any]:

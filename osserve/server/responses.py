@@ -17,7 +17,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 
 from osserve.engine.core.outputs import CompletionDelta
 from osserve.errors import InvalidRequestError, NotFoundError
-from osserve.harmony.render import ChatMessage, FunctionTool, ToolCall, render_chat
+from osserve.harmony.render import ChatMessage, FunctionTool, ResponseFormat, ToolCall, render_chat
 from osserve.harmony.stream import (
     ContentDelta,
     HarmonyStreamParser,
@@ -26,9 +26,11 @@ from osserve.harmony.stream import (
     ToolCallArgsDelta,
     ToolCallStart,
 )
-from osserve.server.generation import ServerState, generate, new_id, sampling_params, sse, with_first
+from osserve.server.generation import ServerState, constrain, generate, new_id, sampling_params, sse, with_first
 from osserve.server.protocol import ResponsesRequest
 from osserve.server.responses_store import StoredResponse
+from osserve.structured.requests import chat_structured, format_instructions
+from osserve.structured.spec import ToolSpec
 
 router = APIRouter()
 FINAL_EVENT = {"completed": "response.completed", "incomplete": "response.incomplete", "failed": "response.failed"}
@@ -130,8 +132,9 @@ def echoed_tools(tools: list[dict[str, Any]] | None) -> list[dict[str, Any]]:
 
 
 def outcome(last: CompletionDelta | None) -> tuple[str, dict[str, Any] | None, dict[str, Any] | None]:
-    """A finished response's status, incomplete_details and error, from its last delta."""
-    if last is not None and last.finish_reason == "error":
+    """A finished response's status, incomplete_details and error, from its last delta. A grammar's
+    dead end (structured outputs: no token allowed) fails the response, saying so."""
+    if last is not None and last.finish_reason in ("error", "grammar"):
         return "failed", None, {"code": "server_error", "message": last.error or "the engine failed"}
     if last is not None and last.finish_reason == "length":
         # The cap is max_output_tokens, or the model's context when that is lower: both cut the output.
@@ -150,8 +153,19 @@ def response_object(rid: str, body: ResponsesRequest, model: str, created: int, 
             "incomplete_details": incomplete_details,
             "tools": echoed_tools(body.tools), "tool_choice": body.tool_choice or "auto",
             "parallel_tool_calls": True, "temperature": body.temperature, "top_p": body.top_p,
-            "max_output_tokens": body.max_output_tokens, "metadata": {}, "text": {"format": {"type": "text"}},
+            "max_output_tokens": body.max_output_tokens, "metadata": {}, "text": {"format": text_format(body)},
             "reasoning": body.reasoning or {"effort": "medium"}, "store": body.store}
+
+
+def text_format(body: ResponsesRequest) -> dict[str, Any]:
+    return dict((body.text or {}).get("format") or {"type": "text"})
+
+
+def function_tools(body: ResponsesRequest) -> list[ToolSpec]:
+    """The request's function tools as the constraint takes them: strict unless the request says
+    otherwise (the Responses API's default, unlike Chat Completions')."""
+    return [ToolSpec(t.get("name", ""), t.get("parameters"), t.get("strict") is not False)
+            for t in body.tools or [] if t.get("type") == "function"]
 
 
 def response_usage(prompt_len: int, last: CompletionDelta | None, parsed: ParsedOutput) -> dict[str, Any]:
@@ -190,23 +204,25 @@ async def create_response(body: ResponsesRequest, request: Request) -> Any:
     conversation = history + new_messages
     tools = [FunctionTool(t.get("name", ""), t.get("description") or "", t.get("parameters"))
              for t in body.tools or [] if t.get("type") == "function"]
-    choice: Any = body.tool_choice or "auto"
-    if isinstance(choice, dict):
-        choice = {"name": choice.get("name") or (choice.get("function") or {}).get("name")}
+    fmt = text_format(body)
+    spec = chat_structured(fmt, "text.format", False, function_tools(body), body.tool_choice)
+    told = format_instructions(fmt, nested=False)
     effort = (body.reasoning or {}).get("effort") or "medium"
     if effort not in ("low", "medium", "high"):
         raise InvalidRequestError(f"reasoning.effort must be low, medium or high, got {effort!r}", "reasoning.effort")
     system = [ChatMessage("developer", instructions)] if instructions else []
-    prompt = render_chat(system + conversation, tools=tools, tool_choice=choice,
-                         reasoning_effort=effort)  # type: ignore[arg-type]  # checked just above
-    params = sampling_params(temperature=body.temperature, top_p=body.top_p, max_tokens=body.max_output_tokens,
-                             seed=body.seed, extra={"ignore_eos": body.ignore_eos})
+    prompt = render_chat(system + conversation, tools=tools, tool_choice=body.tool_choice or "auto",
+                         reasoning_effort=effort,  # type: ignore[arg-type]  # checked just above
+                         response_format=ResponseFormat(*told) if told else None)
+    params = constrain(sampling_params(temperature=body.temperature, top_p=body.top_p,
+                                       max_tokens=body.max_output_tokens, seed=body.seed,
+                                       extra={"ignore_eos": body.ignore_eos}), spec)
     rid = new_id("resp_")
     ids = {"reasoning": new_id("rs_"), "message": new_id("msg_")}
     created = int(time.time())
     deltas = generate(state, prompt.token_ids, params, rid)
     first = await anext(deltas)
-    parser = HarmonyStreamParser(state.tokenizer, prompt.prefill_token_ids)
+    parser = HarmonyStreamParser(state.tokenizer)
 
     def finish(last: CompletionDelta | None) -> dict[str, Any]:
         parsed = parser.parsed

@@ -5,8 +5,9 @@ For a harmony turn the grammar spans everything the model writes after the promp
 200005 and nothing else: plain text that spells it does not match), so the structure cannot be
 faked by text:
 
-    start:   analysis? action
+    start:   analysis? preamble? action        (no preamble where the call is forced)
     analysis: <|channel|>"analysis"<|message|> TEXT <|end|><|start|>"assistant"    (free)
+    preamble: <|channel|>"commentary"<|message|> TEXT <|end|><|start|>"assistant"  (free)
     action:  final | call_f | call_g ...   as tool_choice allows:
              auto: final or any call; none: final; required: any call; named: that call
     final:   <|channel|>"final"<|message|> ANSWER <|return|>
@@ -14,8 +15,8 @@ faked by text:
 
 ANSWER is the answer format (JSON schema, any JSON object, a regex, one of a few strings, a
 grammar of the client's) or free text; ARGS_f is f's JSON schema where the call is forced or the
-tool is strict, else any JSON object. A constrained turn has no commentary preamble: after the
-reasoning comes the action itself. Where the answer or a call must fit in max_tokens, the
+tool is strict, else any JSON object. A forced call comes straight after the reasoning: the
+header the model writes is the call's. Where the answer or a call must fit in max_tokens, the
 reasoning gets at most half of them (at most REASONING_RESERVE fewer): a required call is never
 crowded out by endless reasoning (a random-weight model never ends it by itself).
 
@@ -81,8 +82,9 @@ def harmony_lark(spec: StructuredOutputs, max_tokens: int | None) -> str:
     forced = spec.tool_choice in ("required", "named")
     actions = ([] if forced else ["final"]) + [f"call_{i}" for i in range(len(callable_))]
     lines = [
-        "start: analysis? action",
+        "start: analysis? action" if forced else "start: analysis? preamble? action",
         f'analysis: <|channel|> "analysis" <|message|> {free} <|end|> <|start|> "assistant"',
+        f'preamble: <|channel|> "commentary" <|message|> {free} <|end|> <|start|> "assistant"',
         "action: " + " | ".join(actions),
         f'final: <|channel|> "final" <|message|> {answer_rule(spec)} <|return|>',
     ]

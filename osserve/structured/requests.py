@@ -1,0 +1,84 @@
+"""The API's ways of asking for a constrained output, as StructuredOutputs: OpenAI's
+`response_format` (chat) and `text.format` (Responses), `tool_choice` and strict tools, Ollama's
+`format`. Each error is a 400 naming the request field."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from osserve.errors import InvalidRequestError
+from osserve.structured.spec import StructuredOutputs, ToolChoiceMode, ToolSpec
+
+
+def answer_format(fmt: dict[str, Any] | None, param: str, nested: bool) -> dict[str, Any]:
+    """StructuredOutputs fields for an OpenAI format object: {"type": "text" | "json_object" |
+    "json_schema", ...}. nested: the schema sits under "json_schema" (chat's response_format), else
+    beside the type (Responses' text.format)."""
+    if fmt is None:
+        return {}
+    kind = fmt.get("type", "text")
+    if kind == "text":
+        return {}
+    if kind == "json_object":
+        return {"json_object": True}
+    if kind != "json_schema":
+        raise InvalidRequestError(f"{param}.type must be one of 'text', 'json_object', 'json_schema', got {kind!r}",
+                                  f"{param}.type")
+    where = f"{param}.json_schema" if nested else param
+    body = fmt.get("json_schema") if nested else fmt
+    if not isinstance(body, dict):
+        raise InvalidRequestError(f"{where} is required with type 'json_schema'", where)
+    schema = body.get("schema")
+    if not isinstance(schema, dict):
+        raise InvalidRequestError(f"{where}.schema is required (a JSON schema object)", f"{where}.schema")
+    return {"json_schema": schema}
+
+
+def format_instructions(fmt: dict[str, Any] | None, nested: bool) -> tuple[str, str, dict[str, Any]] | None:
+    """(name, description, schema) of a JSON answer format, for harmony's developer message, or None."""
+    if fmt is None or fmt.get("type") not in ("json_object", "json_schema"):
+        return None
+    if fmt["type"] == "json_object":
+        return "json_object", "Answer with one JSON object.", {"type": "object"}
+    body = (fmt.get("json_schema") if nested else fmt) or {}
+    return str(body.get("name") or "response"), str(body.get("description") or ""), body.get("schema") or {}
+
+
+def tool_choice_mode(choice: Any, names: list[str]) -> tuple[ToolChoiceMode, str | None]:
+    """OpenAI's tool_choice ("auto" | "none" | "required" | {"type": "function", "function":
+    {"name"}} | Responses' {"type": "function", "name"}) as (mode, forced name)."""
+    if choice is None or choice == "auto":
+        return "auto", None
+    if choice in ("none", "required"):
+        if choice == "required" and not names:
+            raise InvalidRequestError("tool_choice 'required' needs at least one tool", "tool_choice")
+        return choice, None
+    if isinstance(choice, dict):
+        name = (choice.get("function") or {}).get("name") or choice.get("name")
+        if not name:
+            raise InvalidRequestError("tool_choice object needs function.name", "tool_choice")
+        if name not in names:
+            raise InvalidRequestError(f"tool_choice names '{name}', which is not in tools", "tool_choice")
+        return "named", name
+    raise InvalidRequestError(f"tool_choice must be 'auto', 'none', 'required' or a function, got {choice!r}",
+                              "tool_choice")
+
+
+def chat_structured(fmt: dict[str, Any] | None, fmt_param: str, nested: bool, tools: list[ToolSpec],
+                    tool_choice: Any) -> StructuredOutputs | None:
+    """The constraint of a harmony chat turn, or None where nothing is constrained."""
+    mode, name = tool_choice_mode(tool_choice, [t.name for t in tools])
+    spec = StructuredOutputs(harmony=True, tools=tools, tool_choice=mode, tool_name=name, answer_param=fmt_param,
+                             **answer_format(fmt, fmt_param, nested))
+    return spec if spec.constrains else None
+
+
+def ollama_format(fmt: Any) -> dict[str, Any]:
+    """StructuredOutputs fields for Ollama's `format`: "json" (a JSON object) or a JSON schema."""
+    if fmt is None or fmt == "":
+        return {}
+    if fmt == "json":
+        return {"json_object": True}
+    if isinstance(fmt, dict):
+        return {"json_schema": fmt}
+    raise InvalidRequestError(f"format must be \"json\" or a JSON schema object, got {fmt!r}", "format")
