@@ -105,6 +105,7 @@ class InFlightStep:
 
     out: SchedulerOutput
     rows: dict[str, int]  # request id -> its row of token_ids
+    requests: list[Request]  # in row order (an id may come back later: `_collect` checks which)
     token_ids: torch.Tensor  # [S] on the device: the next step's decode inputs read it there
     host_ids: torch.Tensor  # [S] the same, copied without blocking (pinned on a GPU)
     copied: torch.cuda.Event | None  # marks the copy's end on a GPU
@@ -222,7 +223,13 @@ class LLMEngine:
     # ------------------------------------------------------------------ the step
     def step(self) -> list[CompletionDelta]:
         compiled = self._admit_compiled() if self.compiling else []
-        return compiled + self._step()
+        deltas = compiled + self._step()
+        if self.in_flight is not None and not self.requests:
+            # Every request of the step in flight has ended (its rows were wasted on stop tokens):
+            # nothing will read it, and a later request must not meet its tokens.
+            self._collect(self.in_flight)
+            self.in_flight = None
+        return deltas
 
     def _admit_compiled(self) -> list[CompletionDelta]:
         """Requests whose grammar is ready join the scheduler (waiting for them when nothing else
@@ -360,7 +367,7 @@ class LLMEngine:
             copied.record()
         else:
             host = ids
-        return InFlightStep(out, {r.request_id: i for i, r in enumerate(rows)}, ids, host, copied, profile)
+        return InFlightStep(out, {r.request_id: i for i, r in enumerate(rows)}, rows, ids, host, copied, profile)
 
     def _finish(self, step: InFlightStep, result: SamplerOutput | None = None) -> list[CompletionDelta]:
         """Wait for a step's tokens on the host; update the requests; turn tokens into deltas.
@@ -399,8 +406,10 @@ class LLMEngine:
                 step.copied.synchronize()
             token_ids = step.host_ids.tolist()
             step.sampled = {rid: token_ids[i] for rid, i in step.rows.items()}
-            if self.grammars.states:
-                step.grammar_dead |= self.grammars.accept(step.sampled)
+            if self.grammars.states:  # only to the requests of this step (not a newcomer with a reused id)
+                live = {r.request_id: step.sampled[r.request_id] for r in step.requests
+                        if self.requests.get(r.request_id) is r}
+                step.grammar_dead |= self.grammars.accept(live)
         return step.sampled
 
     def _end_by_grammar(self, request_id: str) -> CompletionDelta:

@@ -5,7 +5,7 @@ For a harmony turn the grammar spans everything the model writes after the promp
 200005 and nothing else: plain text that spells it does not match), so the structure cannot be
 faked by text:
 
-    start:   analysis? preamble? action        (no preamble where the call is forced)
+    start:   analysis? preamble? action   (a preamble only where a call is possible, not forced)
     analysis: <|channel|>"analysis"<|message|> TEXT <|end|><|start|>"assistant"    (free)
     preamble: <|channel|>"commentary"<|message|> TEXT <|end|><|start|>"assistant"  (free)
     action:  final | call_f | call_g ...   as tool_choice allows:
@@ -17,8 +17,9 @@ ANSWER is the answer format (JSON schema, any JSON object, a regex, one of a few
 grammar of the client's) or free text; ARGS_f is f's JSON schema where the call is forced or the
 tool is strict, else any JSON object. A forced call comes straight after the reasoning: the
 header the model writes is the call's. Where the answer or a call must fit in max_tokens, the
-reasoning gets at most half of them (at most REASONING_RESERVE fewer): a required call is never
-crowded out by endless reasoning (a random-weight model never ends it by itself).
+reasoning (with the preamble, which takes a quarter of it) gets at most half of them (at most
+REASONING_RESERVE fewer): a required call is never crowded out by endless reasoning (a
+random-weight model never ends it by itself).
 
 JSON is compact (no free whitespace): a model could otherwise pad it without end.
 """
@@ -67,10 +68,6 @@ def answer_rule(spec: StructuredOutputs) -> str:
 
 def harmony_lark(spec: StructuredOutputs, max_tokens: int | None) -> str:
     """The whole turn's grammar (see the module docstring)."""
-    free = "TEXT"
-    if max_tokens is not None:
-        budget = max(0, max_tokens - min(REASONING_RESERVE, (max_tokens + 1) // 2))
-        free = "reasoning_text"
     calls = {t.name: t for t in spec.tools}
     if spec.tool_choice == "named":
         assert spec.tool_name is not None
@@ -80,11 +77,20 @@ def harmony_lark(spec: StructuredOutputs, max_tokens: int | None) -> str:
     else:
         callable_ = list(calls)
     forced = spec.tool_choice in ("required", "named")
+    preamble = bool(callable_) and not forced  # a preamble announces a call the model may choose
     actions = ([] if forced else ["final"]) + [f"call_{i}" for i in range(len(callable_))]
+    analysis_text = preamble_text = "TEXT"
+    budgets = []
+    if max_tokens is not None:  # the reasoning's share of max_tokens, the preamble's a quarter of it
+        budget = max(0, max_tokens - min(REASONING_RESERVE, (max_tokens + 1) // 2))
+        analysis_text, preamble_text = "analysis_text", "preamble_text"
+        short = budget // 4 if preamble else 0
+        budgets = [f"analysis_text[max_tokens={budget - short}]: /(?s:.*)/",
+                   f"preamble_text[max_tokens={short}]: /(?s:.*)/"]
     lines = [
-        "start: analysis? action" if forced else "start: analysis? preamble? action",
-        f'analysis: <|channel|> "analysis" <|message|> {free} <|end|> <|start|> "assistant"',
-        f'preamble: <|channel|> "commentary" <|message|> {free} <|end|> <|start|> "assistant"',
+        "start: analysis? preamble? action" if preamble else "start: analysis? action",
+        f'analysis: <|channel|> "analysis" <|message|> {analysis_text} <|end|> <|start|> "assistant"',
+        f'preamble: <|channel|> "commentary" <|message|> {preamble_text} <|end|> <|start|> "assistant"',
         "action: " + " | ".join(actions),
         f'final: <|channel|> "final" <|message|> {answer_rule(spec)} <|return|>',
     ]
@@ -93,10 +99,7 @@ def harmony_lark(spec: StructuredOutputs, max_tokens: int | None) -> str:
         schema = tool.parameters if (forced or tool.strict) and tool.parameters else ANY_OBJECT
         lines.append(f"call_{i}: <|channel|> {_literal(f'commentary to=functions.{name} ')} <|constrain|> "
                      f'"json" <|message|> {json_schema(schema)} <|call|>')
-    if max_tokens is not None:
-        lines.append(f"reasoning_text[max_tokens={budget}]: /(?s:.*)/")
-    lines.append("TEXT: /(?s:.*)/")
-    return "\n".join(lines)
+    return "\n".join([*lines, *budgets, "TEXT: /(?s:.*)/"])
 
 
 def grammar_text(spec: StructuredOutputs, max_tokens: int | None) -> str | None:

@@ -113,7 +113,7 @@ class Grammars:
         rejected = set()
         for rid, token in sampled.items():
             state = self.states.get(rid)
-            if state is None or state.failed is not None or state.matcher.is_stopped():
+            if state is None or state.failed is not None:
                 continue
             if not state.matcher.consume_token(token):
                 state.failed = f"the output grammar rejected token {token}: {state.matcher.get_error()}"
@@ -121,8 +121,10 @@ class Grammars:
         return rejected
 
     def constrains(self, request_id: str) -> bool:
+        """Whether the request's next token is masked. A grammar that is complete still is: its mask
+        then allows only the stop tokens (a finished JSON object is not followed by free text)."""
         state = self.states.get(request_id)
-        return state is not None and state.failed is None and not state.matcher.is_stopped()
+        return state is not None and state.failed is None
 
     def masks(self, request_ids: list[str]) -> StepMasks | None:
         """The masks of the step's rows that are constrained (None: no row is)."""
