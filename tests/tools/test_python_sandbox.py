@@ -143,6 +143,21 @@ def test_a_process_that_exits_is_reported_and_replaced() -> None:
     assert after == "new\n"
 
 
+def test_a_cancelled_call_does_not_leak_into_the_next() -> None:
+    async def run() -> str:
+        tool = await PythonTool.create(FAST)
+        session = tool.new_session()
+        try:
+            await tool.run(session, "x = 1")
+            with pytest.raises(TimeoutError):
+                await asyncio.wait_for(tool.run(session, "import time\ntime.sleep(0.5)\nprint('stale')"), 0.1)
+            return await tool.run(session, "print('x' in globals())")
+        finally:
+            await tool.close()
+
+    assert asyncio.run(run()) == "False\n"  # a new session, and no 'stale' output
+
+
 def test_unprivileged_maps_also_isolate(monkeypatch: pytest.MonkeyPatch) -> None:
     """The id maps a non-root server writes (only its own uid; setgroups denied) still give a
     read-only root and no network."""

@@ -83,6 +83,7 @@ class _Process:
     requests: int  # write end of the request pipe
     root: Path  # the session's own host folder (the sandbox root is mounted on it, inside only)
     pending: bytearray = field(default_factory=bytearray)
+    abandoned: bool = False  # a call was cancelled mid-cell: killed, to be reaped by the next one
 
 
 class PythonSession:
@@ -98,7 +99,8 @@ class PythonSession:
 
     @property
     def alive(self) -> bool:
-        return self._process is not None and self._process.proc.returncode is None
+        process = self._process
+        return process is not None and not process.abandoned and process.proc.returncode is None
 
     async def run(self, code: str) -> str:
         """Runs one cell; returns exactly the text the model is shown."""
@@ -119,13 +121,21 @@ class PythonSession:
             except OSError:
                 await self._stop()
                 return "[ERROR] The python session ended; run the code again to start a new one."
-            status = await self._read_until(process, nonce, out, self.limits.wall_seconds)
-            if status is None and process.proc.returncode is None:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(process.proc.pid, signal.SIGINT)
-                status = await self._read_until(process, nonce, out, INTERRUPT_GRACE_S)
-                if status == "interrupted":
-                    status = "timeout-interrupted"
+            try:
+                status = await self._read_until(process, nonce, out, self.limits.wall_seconds)
+                if status is None and process.proc.returncode is None:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.killpg(process.proc.pid, signal.SIGINT)
+                    status = await self._read_until(process, nonce, out, INTERRUPT_GRACE_S)
+                    if status == "interrupted":
+                        status = "timeout-interrupted"
+            except asyncio.CancelledError:
+                # The caller gave up (a client went away): the cell must not run on unseen, and its
+                # output must not land in the next call's. The next call reaps it and starts afresh.
+                process.abandoned = True
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(process.proc.pid, signal.SIGKILL)
+                raise
             return await self._report(process, status, out)
 
     async def _report(self, process: _Process, status: str | None, out: BoundedOutput) -> str:
