@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from openai_harmony import ToolNamespaceConfig
 
@@ -42,7 +43,8 @@ class ToolResult:
 class ToolServerOptions:
     python_limits: SandboxLimits = field(default_factory=SandboxLimits)
     allow_unsafe_python_tool: bool = False
-    browser_backend: BrowserBackend | None = None  # default: the offline demo documents
+    browser_backend: BrowserBackend | None = None  # e.g. ExaBackend(); default: offline documents
+    browser_documents: Path | None = None  # the offline backend's folder; default: the shipped demo
     mcp_connect_timeout: float = 10.0
     mcp_call_timeout: float = 60.0
 
@@ -78,7 +80,11 @@ class ToolServers:
             if {"demo", "browser"} & set(entries):
                 from osserve.tools.browser.offline import OfflineBackend
 
-                browser = BrowserTool(options.browser_backend or OfflineBackend())
+                try:
+                    backend = options.browser_backend or OfflineBackend(options.browser_documents)
+                except OSError as exc:
+                    raise ToolSetupError(f"the browser cannot start: {exc}") from exc
+                browser = BrowserTool(backend)
             if {"demo", "python"} & set(entries):
                 python = await PythonTool.create(options.python_limits,
                                                  allow_unsafe=options.allow_unsafe_python_tool)

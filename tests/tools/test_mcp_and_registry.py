@@ -11,6 +11,7 @@ import socket
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -188,6 +189,21 @@ def test_registry_namespaces_render_in_harmony(mcp_urls: dict[str, str]) -> None
     assert "namespace browser {" in text and "namespace calc_server {" in text
     assert "// Arithmetic on integers." in text and "type add = (_: {" in text
     assert "note?: string | null" in text and "// A\n" not in text  # typed, and no title comments
+
+
+def test_the_browser_can_serve_an_operators_folder(tmp_path: Path) -> None:
+    (tmp_path / "notes.md").write_text("# Release notes\n\nThe zebra release ships on Tuesday.")
+
+    async def go() -> str:
+        servers = await ToolServers.start("browser", ToolServerOptions(browser_documents=tmp_path))
+        try:
+            return (await servers.open_conversation().call("browser.search", '{"query": "zebra"}')).text
+        finally:
+            await servers.close()
+
+    assert "【0†Release notes†docs.osserve.invalid】" in run(go())
+    with pytest.raises(ToolSetupError, match="the browser cannot start"):
+        run(ToolServers.start("browser", ToolServerOptions(browser_documents=tmp_path / "missing")))
 
 
 def test_an_unreachable_server_fails_the_registry_start() -> None:

@@ -130,6 +130,17 @@ def test_the_code_has_no_privileges_and_no_server_secrets(monkeypatch: pytest.Mo
     assert "home" not in listing and "var" not in listing
 
 
+def test_a_nested_user_namespace_cannot_undo_the_read_only_root() -> None:
+    """Unprivileged code may make a user namespace of its own and be root there, but the mounts it
+    inherits are locked: remounting them writable fails."""
+    script = ("mount -o remount,rw,bind /usr || echo usr-locked; mount -o remount,rw,bind / || echo root-locked; "
+              "touch /usr/osserve-probe || echo usr-read-only")
+    (out,) = in_session("import subprocess\nr = subprocess.run(['unshare', '--user', '--map-root-user', "
+                        f"'--mount', 'sh', '-c', {script!r}], capture_output=True, text=True)\nprint(r.stdout)")
+    assert out.split() == ["usr-locked", "root-locked", "usr-read-only"], out
+    assert not Path("/usr/osserve-probe").exists()
+
+
 def test_long_output_is_cut_and_says_so() -> None:
     limits = SandboxLimits(wall_seconds=5, max_output_chars=1000)
     (out,) = in_session("print('a' * 100000 + 'END')", limits=limits)
