@@ -1,4 +1,4 @@
-"""`osserve serve | generate | chat | checkpoint | bench` — argument parsing only; each command's
+"""`osserve serve | generate | chat | checkpoint | bench | tools` — argument parsing only; each command's
 work lives in its own module, imported when the command runs (so `osserve --help` is instant)."""
 
 from __future__ import annotations
@@ -54,6 +54,9 @@ def build_parser() -> argparse.ArgumentParser:
         pass
     else:
         add_bench_serve_parser(bench_sub)
+    from osserve.commands.tools import add_tools_parser
+
+    add_tools_parser(sub)
     return parser
 
 
@@ -97,6 +100,10 @@ def _main(argv: Sequence[str] | None = None) -> int:
         from osserve.bench.latency import run_bench_latency
 
         return run_bench_latency(args)
+    if args.command == "tools":
+        from osserve.commands.tools import run_tools_command
+
+        return run_tools_command(args)
     if args.command == "bench" and args.bench_command == "serve":
         from osserve.bench.serve import run_bench_serve
 

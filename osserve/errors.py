@@ -52,3 +52,8 @@ class OverloadedError(OsserveError):
 
 class EngineDeadError(OsserveError):
     """The engine's step loop failed; requests cannot be served (HTTP 500/503)."""
+
+
+class ToolSetupError(ConfigError):
+    """A tool server cannot be used at start: an unreachable MCP URL, an unknown `--tool-server`
+    name, or a python sandbox that cannot be isolated (without the explicit unsafe flag)."""

@@ -4,6 +4,13 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
+# The python tool's sandbox uses util-linux (unshare, setpriv, pivot_root) and mount: part of every
+# Debian base system; installed here only where missing and where we may (root with apt-get).
+if ! command -v unshare >/dev/null || ! command -v setpriv >/dev/null || ! command -v mount >/dev/null; then
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+        apt-get install -y -q util-linux mount >/dev/null 2>&1 || echo "note: could not install util-linux" >&2
+    fi
+fi
 if [ ! -x .venv/bin/python ]; then
     "$PY" -m venv .venv
 fi
