@@ -48,6 +48,8 @@ def build_parser() -> argparse.ArgumentParser:
     lat.add_argument("--warmup", type=int, default=1)
     lat.add_argument("--repeats", type=int, default=3)
     lat.add_argument("--output-json", default=None)
+    lat.add_argument("--json-schema", default=None, help="every request's answer follows this JSON schema "
+                     "(JSON text or a file): the cost of structured outputs")
     try:
         from osserve.bench.serve import add_bench_serve_parser
     except ImportError:  # the load generator is optional at this layer

@@ -15,15 +15,17 @@ import argparse
 import json
 import statistics
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 import torch
 from rich.console import Console
 from rich.table import Table
 
+from osserve.bench.loadgen import load_schema
 from osserve.engine.core.sampling_params import SamplingParams
 from osserve.engine.engine import LLMEngine
 from osserve.engine.load import EngineArgs, build_engine
+from osserve.structured.spec import StructuredOutputs
 
 
 @dataclass
@@ -41,13 +43,17 @@ class LatencyResult:
     peak_gpu_mem_gib: float | None
 
 
-def run_once(engine: LLMEngine, batch: int, input_len: int, output_len: int, seed: int) -> LatencyResult:
+def run_once(engine: LLMEngine, batch: int, input_len: int, output_len: int, seed: int,
+             json_schema: dict | None = None) -> LatencyResult:
+    """json_schema: each request is a harmony turn whose answer follows it (its reasoning free), so
+    every step of every request fills and applies a grammar's token mask."""
     g = torch.Generator().manual_seed(seed)
     vocab = min(engine.model_config.vocab_size, 199_998)  # ordinary tokens only
-    params = SamplingParams(temperature=0.0, max_tokens=output_len, ignore_eos=True)
+    structured = StructuredOutputs(json_schema=json_schema, harmony=True) if json_schema is not None else None
+    params = SamplingParams(temperature=0.0, max_tokens=output_len, ignore_eos=True, structured=structured)
     for i in range(batch):
         prompt = torch.randint(0, vocab, (input_len,), generator=g).tolist()
-        engine.add_request(f"bench-{seed}-{i}", prompt, SamplingParams(**{**asdict(params)}))
+        engine.add_request(f"bench-{seed}-{i}", prompt, replace(params))
     step_times: list[float] = []
     decode_tokens = 0
     start = time.perf_counter()
@@ -81,10 +87,12 @@ def run_once(engine: LLMEngine, batch: int, input_len: int, output_len: int, see
 
 def run_bench_latency(args: argparse.Namespace) -> int:
     engine = build_engine(EngineArgs.from_namespace(args))
+    schema = load_schema(getattr(args, "json_schema", None))
     for w in range(args.warmup):
-        run_once(engine, args.batch_size, args.input_len, min(args.output_len, 16), seed=1000 + w)
+        run_once(engine, args.batch_size, args.input_len, min(args.output_len, 16), seed=1000 + w,
+                 json_schema=schema)
     results = [
-        run_once(engine, args.batch_size, args.input_len, args.output_len, seed=r)
+        run_once(engine, args.batch_size, args.input_len, args.output_len, seed=r, json_schema=schema)
         for r in range(args.repeats)
     ]
     table = Table(title=f"osserve bench latency (batch {args.batch_size}, in {args.input_len}, "

@@ -14,6 +14,7 @@ import signal
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -40,6 +41,15 @@ class LoadConfig:
     seed: int = 0
     timeout: float = 600.0  # the whole run, seconds
     api_key: str | None = None
+    json_schema: dict[str, Any] | None = None  # every request's answer follows it (structured outputs)
+
+
+def load_schema(text: str | None) -> dict[str, Any] | None:
+    """--json-schema: JSON text, or the path of a file holding it."""
+    if text is None:
+        return None
+    loaded = json.loads(text if text.lstrip().startswith("{") else Path(text).read_text())
+    return loaded if isinstance(loaded, dict) else None
 
 
 def make_prompts(cfg: LoadConfig) -> list[str]:
@@ -58,6 +68,10 @@ def make_prompts(cfg: LoadConfig) -> list[str]:
 
 def request_body(cfg: LoadConfig, prompt: str) -> tuple[str, dict[str, Any]]:
     extra: dict[str, Any] = {"ignore_eos": True} if cfg.ignore_eos else {}
+    if cfg.json_schema is not None:
+        fmt = {"type": "json_schema", "name": "answer", "schema": cfg.json_schema, "strict": True}
+        extra |= {"text": {"format": fmt}} if cfg.endpoint == "responses" else {
+            "response_format": {"type": "json_schema", "json_schema": {k: v for k, v in fmt.items() if k != "type"}}}
     if cfg.endpoint == "chat":
         return "/v1/chat/completions", {"model": cfg.model, "messages": [{"role": "user", "content": prompt}],
                                         "max_tokens": cfg.max_tokens, "stream": True,

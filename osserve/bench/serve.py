@@ -22,7 +22,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
 from rich.table import Table
 
-from osserve.bench.loadgen import LoadConfig, run_load
+from osserve.bench.loadgen import LoadConfig, load_schema, run_load
 from osserve.bench.processes import auto_workers, run_load_in_processes
 from osserve.bench.stats import records_json, summarize
 
@@ -47,6 +47,8 @@ def add_bench_serve_parser(sub: Any) -> None:
     p.add_argument("--plot", default=None, help="PNG path")
     p.add_argument("--workers", default="auto", help="processes generating the load (each with its share of "
                    "the concurrency); auto: one per 64 streams, at most half the CPUs")
+    p.add_argument("--json-schema", default=None, help="every request asks for this JSON schema's answer "
+                   "(JSON text or a file; chat and responses endpoints)")
     p.add_argument("--sweep", default=None, help="comma-separated concurrencies, e.g. 1,8,32,128,256 "
                    "(each level sends min(--num-requests, max(16, 4 x concurrency)) requests)")
 
@@ -56,7 +58,7 @@ def config_from_args(args: argparse.Namespace) -> LoadConfig:
                       num_requests=args.num_requests, concurrency=args.concurrency,
                       request_rate=args.request_rate, max_tokens=args.max_tokens, ignore_eos=args.ignore_eos,
                       dataset=args.dataset, prompt=args.prompt, input_len=args.input_len, seed=args.seed,
-                      timeout=args.timeout, api_key=args.api_key)
+                      timeout=args.timeout, api_key=args.api_key, json_schema=load_schema(args.json_schema))
 
 
 def print_summary(console: Console, s: dict[str, Any], title: str) -> None:

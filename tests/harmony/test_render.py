@@ -8,6 +8,7 @@ from osserve.harmony.render import (
     RENDER_CONFIG,
     ChatMessage,
     FunctionTool,
+    ResponseFormat,
     ToolCall,
     _render_head,
     harmony_messages,
@@ -41,7 +42,7 @@ def test_system_developer_tools_and_effort() -> None:
                     reasoning_effort="high")
     t = text(r.token_ids)
     assert "Reasoning: high" in t and "# Instructions\n\nBe brief." in t
-    assert "type get_weather" in t and t.endswith("<|start|>assistant") and r.prefill_token_ids == []
+    assert "type get_weather" in t and t.endswith("<|start|>assistant")
 
 
 def test_history_rules() -> None:
@@ -58,16 +59,23 @@ def test_history_rules() -> None:
     assert "final one<|end|>" in t  # a stored <|return|> becomes <|end|>
 
 
-def test_required_with_several_tools_prefills_the_namespace() -> None:
-    from osserve.harmony.stream import parse_completion
+def test_forced_tool_choice_adds_nothing_to_the_prompt_and_none_hides_the_tools() -> None:
+    """The grammar forces the call (structured/grammar.py): the prompt is the auto one."""
+    msgs = [ChatMessage("user", "hi")]
+    tools = [FunctionTool("a"), FunctionTool("get_weather")]
+    auto = render_chat(msgs, tools=tools).token_ids
+    assert render_chat(msgs, tools=tools, tool_choice="required").token_ids == auto
+    assert render_chat(msgs, tools=tools, tool_choice={"type": "function", "function": {"name": "a"}}).token_ids == auto
+    assert "get_weather" not in text(render_chat(msgs, tools=tools, tool_choice="none").token_ids)
 
-    r = render_chat([ChatMessage("user", "hi")], tools=[FunctionTool("a"), FunctionTool("get_weather")],
-                    tool_choice="required")
-    assert text(r.token_ids).endswith("<|start|>assistant<|channel|>commentary to=functions")
-    enc = load_tokenizer().encoding
-    out = enc.encode('.get_weather <|constrain|>json<|message|>{"city": "Oslo"}<|call|>', allowed_special="all")
-    parsed = parse_completion(out, r.prefill_token_ids)
-    assert [(c.name, c.arguments) for c in parsed.tool_calls] == [("get_weather", '{"city": "Oslo"}')]
+
+def test_a_response_format_is_stated_in_the_developer_message() -> None:
+    schema = {"type": "object", "properties": {"sum": {"type": "integer"}}}
+    r = render_chat([ChatMessage("system", "Be brief."), ChatMessage("user", "1+1?")],
+                    response_format=ResponseFormat("answer", "The sum.", schema))
+    t = text(r.token_ids)
+    assert ('# Instructions\n\nBe brief.\n\n# Response Formats\n\n## answer\n\n// The sum.\n'
+            '{"type":"object","properties":{"sum":{"type":"integer"}}}<|end|>') in t
 
 
 def test_the_leading_messages_rendered_once_are_the_whole_renderings_start() -> None:

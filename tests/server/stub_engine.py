@@ -19,6 +19,7 @@ class ScriptedEngine:
         self.delay = delay
         self.aborted: list[str] = []
         self.prompts: list[list[int]] = []
+        self.params: list[SamplingParams] = []
         self.generated = 0
 
     @property
@@ -41,6 +42,7 @@ class ScriptedEngine:
         if len(prompt_token_ids) + (params.max_tokens or 1) > self.max_model_len:
             raise ContextLengthError("too long", "max_tokens")
         self.prompts.append(list(prompt_token_ids))
+        self.params.append(params)
         tok = load_tokenizer()
         limit = params.max_tokens or len(self.script)
         finished = False

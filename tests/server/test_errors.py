@@ -37,7 +37,7 @@ def base() -> Iterator[str]:
     ({"model": "m", "messages": OK_MSG, "max_tokens": 5000}, 400, "max_tokens"),
     ({"model": "m", "messages": OK_MSG, "response_format": {"type": "json_schema",
                                                             "json_schema": {"name": "x", "strict": True}}},
-     400, "response_format"),
+     400, "response_format.json_schema.schema"),
     ({"model": "m", "messages": OK_MSG, "tools": [], "tool_choice": "required"}, 400, "tool_choice"),
 ])
 def test_chat_errors(base: str, body: dict, status: int, param: str) -> None:

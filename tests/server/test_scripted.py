@@ -153,15 +153,23 @@ def test_multi_turn_drops_old_reasoning(client: OpenAI, stub: ScriptedEngine) ->
     assert "answer one" in prompt and "OLD THOUGHTS" not in prompt
 
 
-def test_tool_choice_is_enforced_by_prefill(client: OpenAI, stub: ScriptedEngine) -> None:
-    stub.script = toks(' <|constrain|>json<|message|>{"city": "Rome"}<|call|>')
+def test_tool_choice_becomes_the_output_constraint(client: OpenAI, stub: ScriptedEngine) -> None:
+    """A forced or forbidden call is the grammar's to enforce: the engine gets the constraint, and
+    the prompt is the one without tool_choice (none: without the tools)."""
+    stub.script = toks('<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>'
+                       '{"city": "Rome"}<|call|>')
     r = ask(client, tools=TOOLS, tool_choice={"type": "function", "function": {"name": "get_weather"}})
-    assert decoded_prompt(stub).endswith("<|start|>assistant to=functions.get_weather<|channel|>commentary")
+    spec = stub.params[-1].structured
+    assert spec is not None and (spec.tool_choice, spec.tool_name) == ("named", "get_weather")
+    assert decoded_prompt(stub).endswith("<|start|>assistant")
     assert r.choices[0].message.tool_calls[0].function.name == "get_weather"
+    assert r.choices[0].finish_reason == "tool_calls"
     ask(client, tools=TOOLS, tool_choice="required")
-    assert decoded_prompt(stub).endswith("to=functions.get_weather<|channel|>commentary")
+    assert stub.params[-1].structured is not None and stub.params[-1].structured.tool_choice == "required"
     ask(client, tools=TOOLS, tool_choice="none")
-    assert "get_weather" not in decoded_prompt(stub)
+    assert "get_weather" not in decoded_prompt(stub) and stub.params[-1].structured is not None
+    ask(client, tools=TOOLS)
+    assert stub.params[-1].structured is None  # auto, no strict tool: nothing to constrain
 
 
 def test_responses_plain_stream_and_chain(client: OpenAI, stub: ScriptedEngine, base: str) -> None:
