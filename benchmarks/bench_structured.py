@@ -45,6 +45,8 @@ def main() -> None:
         for r in range(args.rounds):
             for label, schema in (("plain", None), ("json_schema", SCHEMA)):
                 res = run_once(engine, batch, args.input_len, args.output_len, seed=r, json_schema=schema)
+                if res.decode_tok_s == 0:  # every request ended at once: its grammar failed to build
+                    raise SystemExit(f"{label} at batch {batch} produced no tokens: see the log")
                 rows.append({"batch": batch, "round": r, "run": label, **vars(res)})
                 print(json.dumps(rows[-1]), flush=True)
     if args.out:
