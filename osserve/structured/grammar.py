@@ -12,6 +12,9 @@ faked by text:
              auto: final or any call; none: final; required: any call; named: that call
     final:   <|channel|>"final"<|message|> ANSWER <|return|>
     call_f:  <|channel|>"commentary to=functions.f "<|constrain|>"json"<|message|> ARGS_f <|call|>
+           | " to=functions.f"<|channel|>"commentary "<|constrain|>"json"<|message|> ARGS_f <|call|>
+             (the recipient after the channel, as the harmony guide writes a call, or before it, as
+             harmony renders past calls: a model trained on both may write either)
 
 ANSWER is the answer format (JSON schema, any JSON object, a regex, one of a few strings, a
 grammar of the client's) or free text; ARGS_f is f's JSON schema where the call is forced or the
@@ -21,7 +24,9 @@ reasoning (with the preamble, which takes a quarter of it) gets at most half of 
 REASONING_RESERVE fewer): a required call is never crowded out by endless reasoning (a
 random-weight model never ends it by itself).
 
-JSON is compact (no free whitespace): a model could otherwise pad it without end.
+Whitespace between JSON tokens is at most one space: a model writes JSON compact or spaced
+(`{"a": 1, "b": 2}`, as json.dumps does) as it learned, but cannot pad it without end (the free
+whitespace of JSON lets a random-weight model, or a looping one, write nothing else).
 """
 
 from __future__ import annotations
@@ -33,12 +38,12 @@ from osserve.errors import InvalidRequestError
 from osserve.structured.spec import StructuredOutputs
 
 REASONING_RESERVE = 1024  # tokens kept for the answer or call, at most, out of max_tokens
-JSON_OPTIONS = {"whitespace_flexible": False}
+JSON_OPTIONS = {"whitespace_pattern": r"\x20?"}
 ANY_OBJECT: dict[str, Any] = {"type": "object"}
 
 
 def json_schema(schema: dict[str, Any]) -> str:
-    """`%json {...}` for the schema, compact: its own x-guidance options are kept where it has any."""
+    """`%json {...}` for the schema, its whitespace bounded: its own x-guidance options win where it has any."""
     options = {**JSON_OPTIONS, **schema.get("x-guidance", {})}
     return "%json " + json.dumps({**schema, "x-guidance": options})
 
@@ -97,8 +102,9 @@ def harmony_lark(spec: StructuredOutputs, max_tokens: int | None) -> str:
     for i, name in enumerate(callable_):
         tool = calls[name]
         schema = tool.parameters if (forced or tool.strict) and tool.parameters else ANY_OBJECT
-        lines.append(f"call_{i}: <|channel|> {_literal(f'commentary to=functions.{name} ')} <|constrain|> "
-                     f'"json" <|message|> {json_schema(schema)} <|call|>')
+        body = f'<|constrain|> "json" <|message|> {json_schema(schema)} <|call|>'
+        lines.append(f"call_{i}: <|channel|> {_literal(f'commentary to=functions.{name} ')} {body}"
+                     f" | {_literal(f' to=functions.{name}')} <|channel|> \"commentary \" {body}")
     return "\n".join([*lines, *budgets, "TEXT: /(?s:.*)/"])
 
 

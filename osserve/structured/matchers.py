@@ -11,12 +11,14 @@ threads into one host buffer: a 32-bit word per 32 tokens, bit set = allowed.
 
 from __future__ import annotations
 
+import os
 import threading
 from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+import numpy as np
 import torch
 
 from osserve.structured.vocabulary import harmony_lltokenizer
@@ -25,6 +27,9 @@ if TYPE_CHECKING:
     from llguidance import LLExecutor, LLMatcher
 
 CACHE_SIZE = 256  # compiled grammars kept (a few hundred KB each at most)
+# llguidance's mask threads: half the cores, at most 8. Its default (80% of the cores) contends with
+# the HTTP processes and the engine's own thread on a serving host.
+MASK_THREADS = max(1, min(8, (os.cpu_count() or 2) // 2))
 
 
 @dataclass
@@ -139,11 +144,12 @@ class Grammars:
         if self._executor is None:
             from llguidance import LLExecutor
 
-            self._executor = LLExecutor()
+            self._executor = LLExecutor(MASK_THREADS)
         bits = self._buffer[: len(rows)]
         matchers = [(self.states[request_ids[row]].matcher, k) for k, row in enumerate(rows)]
         fill_next_token_bitmask_par(self._executor, matchers, bits)
-        empty = (bits == 0).all(dim=1).tolist()
+        # numpy, not torch: torch's intra-op threads on a busy host made this small scan take ms.
+        empty = (np.count_nonzero(bits.numpy(), axis=1) == 0).tolist()
         dead = []
         for k, row in enumerate(rows):
             state = self.states[request_ids[row]]

@@ -66,6 +66,8 @@ def test_required_and_named_tool_choice() -> None:
     required = harmony(tools=[WEATHER, TIME], tool_choice="required")
     assert accepts(required, toks(REASON + call.format("get_weather", '{"city":"Oslo"}')))
     assert accepts(required, toks(call.format("get_time", '{"tz":"UTC"}')))
+    rendered = ' to=functions.get_time<|channel|>commentary <|constrain|>json<|message|>{"tz":"UTC"}<|call|>'
+    assert accepts(required, toks(REASON + rendered))  # the recipient where harmony renders it
     assert not accepts(required, toks(REASON + '<|channel|>final<|message|>Hi<|return|>'))  # no call: refused
     assert not accepts(required, toks(call.format("get_weather", '{"town":"Oslo"}')))  # arguments off-schema
     assert not accepts(required, toks(call.format("delete_all", "{}")))  # undeclared tool
