@@ -25,6 +25,7 @@ import os
 import resource
 import signal
 import sys
+import time
 import traceback
 from typing import Any
 
@@ -131,12 +132,17 @@ def kill_other_processes() -> None:
         try:
             os.kill(-1, signal.SIGKILL)
         except ProcessLookupError:
-            return
+            break
         while True:
             try:
                 os.waitpid(-1, 0)
             except ChildProcessError:
                 break
+    # Orphans killed above are the namespace init's to reap: wait (briefly) until they are gone, so
+    # the next cell starts with nothing of this one left, on a busy host too.
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and sum(p.isdigit() for p in os.listdir("/proc")) > 2:
+        time.sleep(0.01)
 
 
 def open_streams() -> tuple[Any, Any]:
