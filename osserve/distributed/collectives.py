@@ -81,8 +81,11 @@ class RankGroup:
         return [int(v) for v in t.tolist()]
 
     def abort(self) -> None:
-        """Break off every collective in flight (a rank died): a rank blocked in one returns or
-        raises instead of waiting for the dead rank forever. Best effort."""
+        """Break off every NCCL collective in flight (a rank died): a rank blocked in one returns or
+        raises instead of waiting for the dead rank forever. Best effort. (gloo raises by itself
+        when a peer's connection closes.)"""
+        if self.backend != "nccl":
+            return
         try:
             self._pg.abort()
         except Exception as e:  # the group may be half gone already; nothing more to do

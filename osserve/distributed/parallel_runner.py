@@ -103,6 +103,8 @@ def start_ranks(args: object, cfg: ModelConfig, parallel: ParallelConfig, device
     devices = rank_devices(device, parallel)
     if device.type == "cpu":  # N processes share the host's cores: a torch thread pool each (worker.py)
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // parallel.size))
+    elif devices[0].index is not None:  # kernels launch on the current device: rank 0's
+        torch.cuda.set_device(devices[0])
     backend = parallel.backend or ("nccl" if device.type == "cuda" else "gloo")
     store = rendezvous_store(parallel.port, parallel.size)
     pool = WorkerPool([WorkerSpec(args, r, parallel.size, store.port, backend, str(devices[r]))

@@ -61,13 +61,14 @@ class WorkerPool:
         self._lock = threading.Lock()
         self._ready: set[int] = set()
         self._settled = threading.Event()  # every worker ready, or one failed
+        self._failed = threading.Event()
         self._closing = False
         self.processes: dict[int, subprocess.Popen[bytes]] = {}
         self._conns: dict[int, Connection] = {}
         for spec in specs:
             self.processes[spec.rank], self._conns[spec.rank] = _spawn(spec)
         # Stopped at exit, also of a multiprocessing child (the engine process), which runs no atexit.
-        self._finalizer = Finalize(self, _kill_all, args=(list(self.processes.values()),), exitpriority=10)
+        self._finalizer = Finalize(self, self.shutdown, exitpriority=10)
         self._watcher = threading.Thread(target=self._watch, name="osserve-rank-watch", daemon=True)
         self._watcher.start()
 
@@ -76,8 +77,13 @@ class WorkerPool:
         return {rank: p.pid for rank, p in self.processes.items()}
 
     def on_failure(self, callback: Callable[[str], None]) -> None:
-        """callback(reason) runs once, in the watching thread, when a rank fails."""
-        self._callbacks.append(callback)
+        """callback(reason) runs once, in the watching thread, when a rank fails (at once where one
+        has failed already)."""
+        with self._lock:
+            self._callbacks.append(callback)
+            failure = self.failure
+        if failure is not None:
+            callback(failure)
 
     def wait_ready(self) -> None:
         """Until every worker has built its rank; EngineDeadError where one failed instead."""
@@ -91,8 +97,7 @@ class WorkerPool:
     def wait_for_failure(self, timeout: float) -> bool:
         """Whether a failure is known within `timeout` s (an error seen by rank 0's collective may
         reach it before the watcher sees the worker's exit)."""
-        self._settled.wait(timeout)
-        return self.failure is not None
+        return self._failed.wait(timeout)
 
     def send(self, blob: bytes) -> None:
         """One message to every worker."""
@@ -106,6 +111,8 @@ class WorkerPool:
 
     def shutdown(self) -> None:
         """Stop the workers: STOP, then terminate those that do not exit."""
+        if self._closing:
+            return
         self._closing = True
         for conn in self._conns.values():
             try:
@@ -128,7 +135,7 @@ class WorkerPool:
         while open_conns:
             try:
                 readable = wait(list(open_conns))
-            except OSError:  # closed under us by shutdown
+            except (OSError, ValueError):  # closed under us by shutdown
                 return
             for ready in readable:
                 conn = cast(Connection, ready)
@@ -154,11 +161,14 @@ class WorkerPool:
             if self.failure is not None or self._closing:
                 return
             self.failure = reason
+        self._failed.set()
         log.error("tensor parallelism: %s; stopping the other ranks", reason)
         self._settled.set()
-        _kill_all(list(self.processes.values()))
-        for callback in self._callbacks:
+        with self._lock:
+            callbacks = list(self._callbacks)
+        for callback in callbacks:  # first: rank 0 may be waiting in a collective
             callback(reason)
+        _kill_all(list(self.processes.values()))
 
 
 def _spawn(spec: WorkerSpec) -> tuple[subprocess.Popen[bytes], Connection]:

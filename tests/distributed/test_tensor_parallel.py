@@ -1,6 +1,6 @@
 """A model split over 2 and 4 CPU processes (gloo), by expert columns and by experts: greedy outputs
 token-identical to one process's on the tiny checkpoint (float32), batched, with prompts past the
-128-token sliding window, prefills chunked (64 tokens a step), preemption (a pool too small for the
+128-token sliding window, prefills chunked (128 tokens a step), preemption (a pool too small for the
 batch), the prefix cache's block copies, and async scheduling (the previous step's sampled ids
 broadcast from rank 0).
 
@@ -17,10 +17,12 @@ import pytest
 import torch
 
 from osserve.distributed.parallel_runner import ParallelRunner
+from osserve.engine.core.kv_cache import BlockCopy
 from osserve.engine.core.outputs import TokenLogprob
 from osserve.engine.core.sampling_params import SamplingParams
 from osserve.engine.engine import LLMEngine
 from osserve.engine.load import EngineArgs, build_engine
+from osserve.engine.worker.runner import BatchEntry, StepLogits
 
 LENGTHS = (5, 300, 40, 150, 17, 260, 90, 129)  # four past the sliding window
 MAX_TOKENS = 10
@@ -36,8 +38,8 @@ def one_thread_per_process() -> Iterator[None]:
 
 
 def make_engine(ckpt: Path, **kw: object) -> LLMEngine:
-    return build_engine(EngineArgs(model=str(ckpt), device="cpu", max_model_len=1024, num_blocks=40,
-                                   max_num_batched_tokens=64, **kw))  # type: ignore[arg-type]
+    return build_engine(EngineArgs(model=str(ckpt), device="cpu", max_model_len=1024, num_blocks=30,
+                                   max_num_batched_tokens=128, **kw))  # type: ignore[arg-type]
 
 
 def prompts() -> list[list[int]]:
@@ -46,14 +48,24 @@ def prompts() -> list[list[int]]:
 
 
 Outputs = dict[str, tuple[list[int], list[TokenLogprob]]]
+REPEATED = ("b", "c")  # the same prompt twice, with logprobs: the second finds it cached
 
 
-def run(engine: LLMEngine) -> Outputs:
-    """Every prompt at once, then two of them again with logprobs (their prompts' cached blocks, if
-    still cached, copied for them)."""
+def run(engine: LLMEngine) -> tuple[Outputs, int]:
+    """Every prompt at once, then one of them again with logprobs, then again: the prefix cache
+    holds it, its last block copied on every rank. (outputs, the block copies the runner made)"""
     out: Outputs = {}
     ps = prompts()
-    waves = [[(f"a{i}", p, None) for i, p in enumerate(ps)], [("b1", ps[1], 3), ("b3", ps[3], 3)]]
+    copies: list[BlockCopy] = []
+    run_step = engine.runner.run
+
+    def counted(entries: list[BatchEntry], prev: torch.Tensor | None = None,
+                moves: list[BlockCopy] | None = None) -> StepLogits:
+        copies.extend(moves or ())
+        return run_step(entries, prev, moves)
+
+    engine.runner.run = counted  # type: ignore[method-assign]
+    waves = [[(f"a{i}", p, None) for i, p in enumerate(ps)], *([(rid, ps[1], 3)] for rid in REPEATED)]
     for wave in waves:
         for rid, p, logprobs in wave:
             engine.add_request(rid, p, SamplingParams(temperature=0, max_tokens=MAX_TOKENS, ignore_eos=True,
@@ -63,14 +75,14 @@ def run(engine: LLMEngine) -> Outputs:
                 tokens, lps = out.setdefault(d.request_id, ([], []))
                 tokens.extend(d.new_token_ids)
                 lps.extend(d.new_logprobs or [])
-    return out
+    return out, len(copies)
 
 
 @pytest.fixture(scope="module")
 def one_rank(tiny_checkpoint: Path) -> Outputs:
     engine = make_engine(tiny_checkpoint)
-    out = run(engine)
-    assert engine.scheduler.num_preemptions > 0  # the pool is small enough
+    out, copies = run(engine)
+    assert engine.scheduler.num_preemptions > 0 and copies > 0  # the pool is small enough; the cache hit
     return out
 
 
@@ -82,12 +94,12 @@ def test_greedy_outputs_equal_one_rank(tiny_checkpoint: Path, one_rank: Outputs,
     runner = engine.runner
     assert isinstance(runner, ParallelRunner) and len(runner.ranks.pool.pids) == size - 1
     try:
-        out = run(engine)
-        assert engine.scheduler.num_preemptions > 0 and engine.profile.steps_in_flight > 0
+        out, copies = run(engine)
+        assert engine.scheduler.num_preemptions > 0 and copies > 0 and engine.profile.steps_in_flight > 0
     finally:
         runner.shutdown()
     assert {rid: tokens for rid, (tokens, _) in out.items()} == {rid: t for rid, (t, _) in one_rank.items()}
-    for rid in ("b1", "b3"):
+    for rid in REPEATED:
         got, want = out[rid][1], one_rank[rid][1]
         assert len(got) == len(want) == MAX_TOKENS
         for g, w in zip(got, want, strict=True):
