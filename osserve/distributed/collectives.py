@@ -64,21 +64,32 @@ class RankGroup:
         self._min.reduceOp = dist.ReduceOp.MIN  # type: ignore[assignment]
         self._from_rank0 = dist.BroadcastOptions()
         self._from_rank0.rootRank = 0
+        # gloo on a GPU (tests of the sharded shapes on one GPU): through the host, where gloo takes
+        # every dtype (its CUDA paths do not all take bf16).
+        self._through_host = backend == "gloo" and device.type == "cuda"
 
     def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
         """x summed over the ranks, in place (x must be contiguous); returns x."""
-        self._pg.allreduce([x], self._sum).wait()
+        self._run(self._pg.allreduce, x, self._sum)
         return x
 
     def broadcast(self, x: torch.Tensor) -> None:
         """Rank 0's x into every rank's x, in place."""
-        self._pg.broadcast([x], self._from_rank0).wait()
+        self._run(self._pg.broadcast, x, self._from_rank0)
 
     def min_over_ranks(self, values: list[int]) -> list[int]:
         """Element-wise minimum of every rank's `values` (each rank gives the same count)."""
         t = torch.tensor(values, dtype=torch.int64, device=self.device)
-        self._pg.allreduce([t], self._min).wait()
+        self._run(self._pg.allreduce, t, self._min)
         return [int(v) for v in t.tolist()]
+
+    def _run(self, collective: Any, x: torch.Tensor, options: Any) -> None:
+        if self._through_host:
+            staged = x.cpu()
+            collective([staged], options).wait()
+            x.copy_(staged)
+            return
+        collective([x], options).wait()
 
     def abort(self) -> None:
         """Break off every NCCL collective in flight (a rank died): a rank blocked in one returns or

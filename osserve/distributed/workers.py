@@ -40,9 +40,11 @@ def rank_devices(device: torch.device, parallel: ParallelConfig) -> list[torch.d
     """Each rank's device: GPUs index, index + 1, ... (ConfigError where too few are visible);
     on the CPU, or with parallel.one_device, the same device for all."""
     n = parallel.size
-    if device.type != "cuda" or parallel.one_device:
+    if device.type != "cuda":
         return [device] * n
     first = device.index or 0
+    if parallel.one_device:
+        return [torch.device("cuda", first)] * n
     visible = torch.cuda.device_count()
     if first + n > visible:
         shown = os.environ.get("CUDA_VISIBLE_DEVICES")
