@@ -50,6 +50,7 @@ class RankGroup:
             nccl = dist.ProcessGroupNCCL  # type: ignore[attr-defined]  # absent from CPU builds of torch
             options = nccl.Options()
             options.is_high_priority_stream = False
+            options._timeout = TIMEOUT
             self._pg: Any = nccl(store, rank, size, options)
         elif backend == "gloo":
             options = getattr(dist.ProcessGroupGloo, "_Options")()  # noqa: B009  # private in torch's stubs
@@ -58,6 +59,7 @@ class RankGroup:
             self._pg = dist.ProcessGroupGloo(store, rank, size, options)
         else:
             raise ConfigError(f"unknown distributed backend {backend!r} (nccl or gloo)")
+        self._pg._set_sequence_number_for_group()  # as torch.distributed's own groups (every rank calls it)
         self._sum = dist.AllreduceOptions()
         self._sum.reduceOp = dist.ReduceOp.SUM  # type: ignore[assignment]
         self._min = dist.AllreduceOptions()
@@ -103,7 +105,13 @@ class RankGroup:
             log.debug("aborting the process group: %r", e)
 
     def shutdown(self) -> None:
+        """Free the group. NCCL's communicator is aborted, not destroyed: destroying one whose
+        collectives were captured in CUDA graphs can hang (pytorch/pytorch issue 115388), and
+        nothing is in flight any more."""
         try:
-            self._pg.shutdown()
+            if self.backend == "nccl":
+                self._pg.abort()
+            else:
+                self._pg.shutdown()
         except Exception as e:
             log.debug("shutting the process group down: %r", e)

@@ -26,6 +26,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from multiprocessing.util import Finalize
 from typing import TypeVar
 
 import torch
@@ -54,7 +55,11 @@ class Ranks:
         self._busy = 0  # rank 0 is inside a step or the start-up (it may be waiting on the others)
         self._noticed = False  # a failure was raised to the engine: nothing is stuck
         self.last_step: torch.cuda.Event | None = None  # recorded after each step's launch (GPU)
+        self._closed = False
         pool.on_failure(self._failed)
+        # At exit too (also of the engine's own process, which runs no atexit): the workers stopped,
+        # rank 0's communicator freed (collectives.py: not left to the interpreter's teardown).
+        self._finalizer = Finalize(self, self.shutdown, exitpriority=10)
 
     @contextmanager
     def busy(self) -> Iterator[None]:
@@ -75,9 +80,12 @@ class Ranks:
             self._busy -= 1
 
     def shutdown(self) -> None:
-        self._noticed = True
+        if self._closed:
+            return
+        self._closed = self._noticed = True
         self.pool.shutdown()
         self.group.shutdown()
+        self._finalizer.cancel()
 
     def _failed(self, reason: str) -> None:  # the watching thread
         self.group.abort()

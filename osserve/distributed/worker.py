@@ -51,8 +51,8 @@ def main(argv: list[str]) -> int:
         except OSError:
             pass
         return 1
-    group.shutdown()
-    # Nothing left to save: skip the interpreter's teardown (a second or more with torch loaded),
+    # Nothing left to save: skip the interpreter's teardown (a second or more with torch loaded,
+    # and the NCCL communicator's, which can hang after CUDA graphs captured its collectives),
     # which the engine's shutdown would wait for.
     sys.stdout.flush()
     sys.stderr.flush()
