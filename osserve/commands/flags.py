@@ -83,9 +83,17 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
                    help="while requests decode, let newcomers gather this long (or 32 of them) before a "
                         "prefill joins the batch: more decode-only (CUDA-graph) steps, a little more TTFT")
     g.add_argument("--seed", type=int, metavar="N", default=0)
-    g = p.add_argument_group("engine: parallelism, speculative decoding, backends (refused with a reason)")
+    g = p.add_argument_group("engine: parallelism")
     g.add_argument("--tensor-parallel-size", "-tp", "--tp", "--tp-size", dest="tensor_parallel_size",
-                   type=int, metavar="N", default=1, help="GPUs per model: 1 (more is not supported yet)")
+                   type=int, metavar="N", default=1,
+                   help="GPUs of this host the model is split over (1, 2, 4 or 8): attention by heads, each "
+                        "expert by its columns; one process a GPU")
+    g.add_argument("--enable-expert-parallel", action="store_true",
+                   help="with --tensor-parallel-size N: split the experts over the GPUs (E/N whole experts "
+                        "each) instead of each expert's columns")
+    g.add_argument("--nccl-port", type=int, metavar="N", default=None,
+                   help="the GPUs' rendezvous port on 127.0.0.1 (default: a free one)")
+    g = p.add_argument_group("engine: speculative decoding, backends, other parallelism (refused with a reason)")
     g.add_argument("--pipeline-parallel-size", "-pp", dest="pipeline_parallel_size", type=int, metavar="N", default=1)
     g.add_argument("--data-parallel-size", "-dp", "--dp", "--dp-size", dest="data_parallel_size", type=int,
                    metavar="N", default=1)

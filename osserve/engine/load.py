@@ -7,23 +7,30 @@ import argparse
 import hashlib
 import logging
 import os
-from dataclasses import dataclass, fields
+from collections.abc import Callable
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
 from osserve.config import CacheConfig, ModelConfig, SchedulerConfig, preset
+from osserve.distributed.layout import ParallelConfig, ShardLayout
 from osserve.engine.core.kv_cache import KVCacheManager
 from osserve.engine.engine import EngineParts, LLMEngine
-from osserve.engine.worker.kv_tensors import allocate_kv_caches, layer_groups, plan_kv_cache
+from osserve.engine.worker.kv_tensors import KVPlan, allocate_kv_caches, layer_groups, plan_kv_cache
 from osserve.engine.worker.runner import ModelRunner
 from osserve.errors import ConfigError
 from osserve.model.checkpoint import fill_random_weights
+from osserve.model.gpt_oss import GptOssForCausalLM, KVCache
 from osserve.model.resolve import resolve_model
 from osserve.model.weights import build_model, load_weights
 from osserve.ops.moe import swapped
 from osserve.tokenizer import load_tokenizer
 from osserve.unsupported import refuse_unsupported
+
+if TYPE_CHECKING:
+    from osserve.distributed.collectives import RankGroup
 
 log = logging.getLogger("osserve")
 
@@ -56,8 +63,12 @@ class EngineArgs:
     max_cudagraph_capture_size: int | None = None  # None: up to max_num_seqs
     no_mixed_graphs: bool = False  # mixed prefill+decode steps run eagerly (A/B, debugging)
     no_async_scheduling: bool = False
-    # Parsed, refused when not 1 / None / "auto" until built (osserve/unsupported.py).
-    tensor_parallel_size: int = 1
+    tensor_parallel_size: int = 1  # ranks (GPUs) the model is split over (osserve/distributed/)
+    enable_expert_parallel: bool = False  # split the experts over the ranks, not their columns
+    nccl_port: int | None = None  # the ranks' rendezvous port on 127.0.0.1; None: a free one
+    distributed_backend: str | None = None  # None: NCCL on GPUs, gloo on the CPU (gloo on a GPU: tests)
+    tp_one_device: bool = False  # every rank on the first GPU (tests of the sharded shapes on one GPU)
+    # Parsed, refused when not None / "auto" until built (osserve/unsupported.py).
     kv_cache_dtype: str = "auto"
     speculative_config: str | None = None
     seed: int = 0
@@ -99,19 +110,77 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
 def build_engine(args: EngineArgs) -> LLMEngine:
     refuse_unsupported(args)
     device = resolve_device(args.device)
-    dtype = resolve_dtype(args.dtype, device)
+    cfg, model_dir = model_source(args)
+    parallel = parallel_config(args)
+    if parallel.size == 1:
+        rank = build_rank(args, cfg, model_dir, device, None, None, ModelRunner)
+    else:
+        from osserve.distributed.parallel_runner import ParallelRunner, start_ranks
+
+        # The workers build from the same flags, the model already resolved to a folder.
+        ranks = start_ranks(replace(args, model=str(model_dir)) if model_dir else args, cfg, parallel, device)
+        try:
+            with ranks.busy():
+                rank = build_rank(args, cfg, model_dir, ranks.group.device, ranks.layout, ranks.group,
+                                  lambda model, kv, block_size, dev: ParallelRunner(model, kv, block_size, dev, ranks))
+                ranks.pool.wait_ready()
+        except BaseException:
+            ranks.shutdown()
+            raise
+    plan, sched = rank.plan, rank.sched
+    groups = [(g, cfg.sliding_window if g == "sliding" else None) for g in layer_groups(cfg)]
+    kv = KVCacheManager(block_size=plan.block_size, num_blocks=plan.num_blocks, groups=groups,
+                        enable_prefix_caching=rank.cache.enable_prefix_caching)
+    engine = LLMEngine(EngineParts(cfg, rank.cache, sched, rank.runner, kv, load_tokenizer()))
+    if device.type == "cuda":
+        engine.warm_up()
+    return engine
+
+
+def model_source(args: EngineArgs) -> tuple[ModelConfig, Path | None]:
+    """The model's config and its checkpoint folder (None: --load-format dummy)."""
     if args.load_format == "dummy":
         if args.preset is None:
             raise ConfigError("--load-format dummy needs --preset tiny|20b|120b")
-        cfg = preset(args.preset)
-        model = build_model(cfg, device, dtype)
+        return preset(args.preset), None
+    model_dir = resolve_model(args.model, args.revision, args.download_dir).path if args.model \
+        else builtin_model_dir()
+    return ModelConfig.from_pretrained(model_dir), model_dir
+
+
+def parallel_config(args: EngineArgs) -> ParallelConfig:
+    return ParallelConfig(size=args.tensor_parallel_size, expert_parallel=args.enable_expert_parallel,
+                          port=args.nccl_port, backend=args.distributed_backend, one_device=args.tp_one_device)
+
+
+@dataclass
+class RankParts:
+    """One rank's share of an engine: its model and runner, and the KV plan every rank agreed on."""
+
+    runner: ModelRunner
+    plan: KVPlan
+    sched: SchedulerConfig
+    cache: CacheConfig
+
+
+MakeRunner = Callable[[GptOssForCausalLM, list[KVCache], int, torch.device], ModelRunner]
+
+
+def build_rank(args: EngineArgs, cfg: ModelConfig, model_dir: Path | None, device: torch.device,
+               layout: ShardLayout | None, group: RankGroup | None, make_runner: MakeRunner) -> RankParts:
+    """Load the model (this rank's share of it, with `layout`), size and allocate its KV cache,
+    and make its runner, with its CUDA graphs. With several ranks each one runs this at once (rank
+    0 in build_engine, the others in distributed/worker.py): the collectives inside it (the KV
+    plan's agreement, the graphs' warm-up and capture) meet in the same order on every rank."""
+    dtype = resolve_dtype(args.dtype, device)
+    rank0 = layout is None or layout.rank == 0
+    model = build_model(cfg, device, dtype, layout)
+    if model_dir is None:
         fill_random_weights(model, cfg, args.seed)
     else:
-        model_dir = resolve_model(args.model, args.revision, args.download_dir).path if args.model \
-            else builtin_model_dir()
-        cfg = ModelConfig.from_pretrained(model_dir)
-        model = build_model(cfg, device, dtype)
-        load_weights(model, model_dir, show_progress=device.type == "cuda")
+        load_weights(model, model_dir, show_progress=device.type == "cuda" and rank0)
+    if group is not None:
+        model.join(group)
     weights_bytes = sum(t.numel() * t.element_size() for t in model.state_dict().values())
     if device.type == "cuda":
         # Keep the checkpoint-layout experts beside the kernel's layout (for the dense prefill
@@ -120,7 +189,8 @@ def build_engine(args: EngineArgs) -> LLMEngine:
         # On Hopper the Gluon kernel's weight layout (ops/moe/gluon.py); elsewhere the Triton kernels'.
         from osserve.ops.moe import gluon
 
-        fragments = gluon.supported(device, cfg.hidden_size, cfg.intermediate_size)
+        intermediate = layout.intermediate if layout is not None else cfg.intermediate_size
+        fragments = gluon.supported(device, cfg.hidden_size, intermediate)
         prepared = model.prepare_experts(keep_original=2 * weights_bytes < 0.6 * total, fragments=fragments)
         compile_moe = gluon.compile_kernels if fragments else swapped.compile_kernels
         compile_moe(prepared[0], cfg.num_experts_per_tok, cfg.swiglu_limit, dtype)
@@ -149,30 +219,31 @@ def build_engine(args: EngineArgs) -> LLMEngine:
                         gpu_memory_utilization=args.gpu_memory_utilization,
                         enable_prefix_caching=not args.no_prefix_caching)
     budget = kv_budget_bytes(cache, device)
-    plan = plan_kv_cache(cfg, cache, sched, budget, dtype)
-    kv_tensors = allocate_kv_caches(cfg, plan, dtype, device)
-    groups = [(g, cfg.sliding_window if g == "sliding" else None) for g in layer_groups(cfg)]
-    kv = KVCacheManager(block_size=plan.block_size, num_blocks=plan.num_blocks, groups=groups,
-                        enable_prefix_caching=cache.enable_prefix_caching)
-    runner = ModelRunner(model, kv_tensors, plan.block_size, device)
+    local = layout.local_config(cfg) if layout is not None else cfg  # this rank's kv heads
+    plan = plan_kv_cache(local, cache, sched, budget, dtype)
+    if group is not None:  # one scheduler hands out blocks for every rank: the smallest pool
+        names = list(plan.num_blocks)
+        plan = replace(plan, num_blocks=dict(zip(names, group.min_over_ranks([plan.num_blocks[g] for g in names]),
+                                                 strict=True)))
+    kv_tensors = allocate_kv_caches(local, plan, dtype, device)
+    runner = make_runner(model, kv_tensors, plan.block_size, device)
     graphs_bytes = 0
-    if device.type == "cuda" and not args.enforce_eager:
+    # gloo's collectives (tests on one GPU) cannot be captured: those steps run eagerly.
+    if device.type == "cuda" and not args.enforce_eager and (group is None or group.backend == "nccl"):
         before = torch.cuda.memory_reserved(device)
         largest = min(sched.max_num_seqs, args.max_cudagraph_capture_size or sched.max_num_seqs)
         runner.capture_decode_graphs(list(plan.num_blocks), max_model_len, largest,
                                      mixed=not args.no_mixed_graphs)
         graphs_bytes = torch.cuda.memory_reserved(device) - before
     log.info(
-        "memory plan: weights %.2f GiB, KV cache %.2f GiB (%s blocks of %d tokens: %d full-attention "
+        "memory plan%s: weights %.2f GiB, KV cache %.2f GiB (%s blocks of %d tokens: %d full-attention "
         "tokens), CUDA graphs + activations %.2f GiB, workspace kept free %.2f GiB; dtype %s, %s",
+        f" of rank {layout.rank} of {layout.size}" if layout is not None else "",
         weights_bytes / 2**30, plan.total_bytes / 2**30, plan.num_blocks, plan.block_size,
         plan.max_tokens_per_request(), graphs_bytes / 2**30, WORKSPACE_BYTES / 2**30 if device.type == "cuda"
         else 0.0, dtype, device,
     )
-    engine = LLMEngine(EngineParts(cfg, cache, sched, runner, kv, load_tokenizer()))
-    if device.type == "cuda":
-        engine.warm_up()
-    return engine
+    return RankParts(runner, plan, sched, cache)
 
 
 def kv_budget_bytes(cache: CacheConfig, device: torch.device) -> int:

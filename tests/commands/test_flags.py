@@ -68,16 +68,18 @@ ACCEPTED_VLLM = [
     ("vllm serve /path/to/gpt-oss-20b --host 192.168.31.103 --port 8000 --served-model-name openai/gpt-oss-20b "
      "--tensor-parallel-size 1 --gpu-memory-utilization 0.9 --max-model-len 26384 --async-scheduling",
      dict(model="/path/to/gpt-oss-20b", served_model_name="openai/gpt-oss-20b", max_model_len=26384)),
+    ("vllm serve openai/gpt-oss-120b --tensor-parallel-size 2", dict(tensor_parallel_size=2)),
+    ("vllm serve openai/gpt-oss-120b --tensor-parallel-size 4", dict(tensor_parallel_size=4)),
+    ("vllm serve openai/gpt-oss-120b --tensor-parallel-size 2 --async-scheduling",
+     dict(tensor_parallel_size=2, no_async_scheduling=False)),
+    ("vllm serve openai/gpt-oss-120b --tensor_parallel_size 8 --max-model-len 131072 --max-num-batched-tokens 10240 "
+     "--max-num-seqs 128 --gpu-memory-utilization 0.85 --no-enable-prefix-caching",
+     dict(tensor_parallel_size=8, max_model_len=131072, max_num_seqs=128, no_prefix_caching=True)),
+    ("vllm serve openai/gpt-oss-120b --tensor-parallel-size 4 --enable-expert-parallel",
+     dict(tensor_parallel_size=4, enable_expert_parallel=True)),
 ]
 
 REFUSED_VLLM = [
-    ("vllm serve openai/gpt-oss-120b --tensor-parallel-size 2", "--tensor-parallel-size 2 is not supported yet"),
-    ("vllm serve openai/gpt-oss-120b --tensor-parallel-size 4", "--tensor-parallel-size 4 is not supported yet"),
-    ("vllm serve openai/gpt-oss-120b --tensor-parallel-size 2 --async-scheduling",
-     "osserve runs the model on one GPU"),
-    ("vllm serve openai/gpt-oss-120b --tensor_parallel_size 8 --max-model-len 131072 --max-num-batched-tokens 10240 "
-     "--max-num-seqs 128 --gpu-memory-utilization 0.85 --no-enable-prefix-caching",
-     "--tensor-parallel-size 8 is not supported yet"),
     ("vllm serve ... --tool-server demo", "--tool-server is not supported yet"),
     ("vllm serve ... --tool-server ip-1:port-1,ip-2:port-2", "--tool-server is not supported yet"),
     ("vllm serve openai/gpt-oss-120b --compilation-config '{\"full_cuda_graph\": true}'",
@@ -86,7 +88,7 @@ REFUSED_VLLM = [
      "256, 4096, 8192], \"full_cuda_graph\": true}' --block-size 64", "osserve uses no torch.compile"),
     ("vllm serve openai/gpt-oss-120b --tensor-parallel-size=8 --gpu-memory-utilization 0.95 --compilation-config "
      "'{\"cudagraph_mode\": \"FULL_AND_PIECEWISE\"}' --block-size=64 --disable-log-request --async-scheduling",
-     "--tensor-parallel-size 8 is not supported yet"),
+     "osserve uses no torch.compile"),
     ("vllm serve openai/gpt-oss-120b --tensor-parallel-size=8 --attention-backend ROCM_AITER_UNIFIED_ATTN "
      "-cc.pass_config.fuse_rope_kvcache=True -cc.use_inductor_graph_partition=True --gpu-memory-utilization 0.95 "
      "--block-size=64", "--attention-backend ROCM_AITER_UNIFIED_ATTN: osserve has one attention"),
@@ -108,9 +110,9 @@ def test_vllm_recipe_lines_refused_with_a_reason(line: str, reason: str) -> None
 
 def test_amd_line_refuses_each_flag_it_cannot_honour() -> None:
     found = refused(REFUSED_VLLM[-1][0])
-    assert len(found) == 3
-    assert "--tensor-parallel-size 8" in found[0] and "--attention-backend" in found[2]
-    assert "-cc.pass_config.fuse_rope_kvcache=True" in found[1]
+    assert len(found) == 2
+    assert "--attention-backend" in found[1] and "-cc.pass_config.fuse_rope_kvcache=True" in found[0]
+    assert has(parse(REFUSED_VLLM[-1][0]), tensor_parallel_size=8)
 
 
 HOPPER_YAML = """\
@@ -159,13 +161,14 @@ ACCEPTED_SGLANG = [
      "--context-length 32768 --max-running-requests 64 --disable-radix-cache --disable-cuda-graph",
      dict(tensor_parallel_size=1, gpu_memory_utilization=0.85, max_model_len=32768, max_num_seqs=64,
           no_prefix_caching=True, enforce_eager=True)),
+    ("python3 -m sglang.launch_server --model-path openai/gpt-oss-120b --tp 4", dict(tensor_parallel_size=4)),
+    ("python3 -m sglang.launch_server --model openai/gpt-oss-120b --tp 8 --attention-backend triton",
+     dict(tensor_parallel_size=8, attention_backend="triton")),
+    ("python3 -m sglang.launch_server --model openai/gpt-oss-120b --tp 2 --nccl-port 29600",
+     dict(tensor_parallel_size=2, nccl_port=29600)),
 ]
 
 REFUSED_SGLANG = [
-    ("python3 -m sglang.launch_server --model-path openai/gpt-oss-120b --tp 4",
-     "--tensor-parallel-size 4 is not supported yet"),
-    ("python3 -m sglang.launch_server --model openai/gpt-oss-120b --tp 8 --attention-backend triton",
-     "--tensor-parallel-size 8 is not supported yet"),
     ("python3 -m sglang.launch_server --model openai/gpt-oss-120b --speculative-algorithm EAGLE3 "
      "--speculative-draft-model-path lmsys/EAGLE3-gpt-oss-120b-bf16 --speculative-num-steps 3 "
      "--speculative-eagle-topk 1 --speculative-num-draft-tokens 4 --tp 4",
@@ -225,8 +228,8 @@ def test_a_refusal_is_one_line_and_exit_1(capsys: pytest.CaptureFixture[str]) ->
 
 
 def test_the_offline_llm_refuses_through_the_same_table() -> None:
-    with pytest.raises(ConfigError, match="--tensor-parallel-size 2 is not supported yet"):
-        build_engine(EngineArgs(tensor_parallel_size=2))
+    with pytest.raises(ConfigError, match="--tensor-parallel-size 3 must divide the model's 8 attention heads"):
+        build_engine(EngineArgs(load_format="dummy", preset="tiny", device="cpu", tensor_parallel_size=3))
     with pytest.raises(ConfigError, match="--kv-cache-dtype fp8_e4m3 is not supported yet"):
         build_engine(EngineArgs(kv_cache_dtype="fp8_e4m3"))
 
@@ -239,5 +242,5 @@ def test_version_and_grouped_help(capsys: pytest.CaptureFixture[str]) -> None:
         cli.main(["serve", "--help"])
     out = capsys.readouterr().out
     heads = [line for line in out.splitlines() if line and not line.startswith(" ") and line.endswith(":")]
-    assert heads[1:5] == ["model:", "engine:", "engine: parallelism, speculative decoding, backends (refused with a "
-                                               "reason):", "server:"] and heads[-1] == "tools:"
+    assert heads[1:6] == ["model:", "engine:", "engine: parallelism:", "engine: speculative decoding, backends, other "
+                          "parallelism (refused with a reason):", "server:"] and heads[-1] == "tools:"

@@ -54,12 +54,16 @@ class ModelInput:
 class ModelRunner:
     def __init__(
         self, model: GptOssForCausalLM, kv_caches: list[KVCache], block_size: int,
-        device: torch.device,
+        device: torch.device, head: bool = True,
     ) -> None:
+        """head: compute the logits of the rows to sample. False on the ranks other than 0 of a
+        model split over several (distributed/worker.py): their steps end at the hidden states,
+        and `run` returns no logits."""
         self.model = model
         self.kv_caches = kv_caches
         self.block_size = block_size
         self.device = device
+        self.head = head
         self.pin = device.type == "cuda"
         self.graphs: DecodeGraphs | None = None
         self.mixed: MixedGraphs | None = None
@@ -68,7 +72,8 @@ class ModelRunner:
                               mixed: bool = True) -> None:
         """Record decode steps (and, with `mixed`, steps of new prompts beside decodes) as CUDA
         graphs (the runner, not the model, decides this)."""
-        self.graphs = DecodeGraphs(self.model, self.kv_caches, groups, self.block_size, max_model_len, max_batch)
+        self.graphs = DecodeGraphs(self.model, self.kv_caches, groups, self.block_size, max_model_len, max_batch,
+                                   head=self.head)
         self.graphs.capture()
         if mixed:
             self.mixed = MixedGraphs(self.model, self.kv_caches, groups, self.block_size, max_model_len, max_batch)
@@ -153,7 +158,7 @@ class ModelRunner:
             )
             if out.logits is not None:  # the graph took the head
                 return StepLogits(out.logits, out.greedy, out.greedy_host)
-            return StepLogits(*self.model.compute_logits_and_greedy(out.hidden))
+            return self._logits(out.hidden)
         if self.mixed is not None:
             query_lens = [len(e.token_ids) for e in entries]
             shape = self.mixed.shape_for(query_lens)
@@ -163,12 +168,19 @@ class ModelRunner:
                     {g: [e.block_tables[g] for e in entries] for g in entries[0].block_tables}, shape,
                     fill_pending=lambda ids: self.fill_pending(ids, entries, prev_tokens),
                 )
-                rows = hidden[self._to_device(sample_rows(entries, query_lens))]
-                return StepLogits(*self.model.compute_logits_and_greedy(rows))
+                if not self.head:
+                    return self._logits(hidden)
+                return self._logits(hidden[self._to_device(sample_rows(entries, query_lens))])
         inp = self.prepare(entries)
         self.fill_pending(inp.input_ids, entries, prev_tokens)
         hidden = self.model(inp.input_ids, inp.positions, inp.meta, self.kv_caches)
-        return StepLogits(*self.model.compute_logits_and_greedy(hidden[inp.sample_rows]))
+        return self._logits(hidden[inp.sample_rows])
+
+    def _logits(self, rows: torch.Tensor) -> StepLogits:
+        """The logits of the hidden rows to sample (none where this runner has no head)."""
+        if not self.head:
+            return StepLogits(rows[:0], None)
+        return StepLogits(*self.model.compute_logits_and_greedy(rows))
 
 
 def sample_rows(entries: list[BatchEntry], query_lens: list[int]) -> np.ndarray:
