@@ -15,6 +15,16 @@ import torch
 from osserve.config import CacheConfig, ModelConfig, SchedulerConfig, preset
 from osserve.engine.core.kv_cache import KVCacheManager
 from osserve.engine.engine import EngineParts, LLMEngine
+from osserve.engine.memory import (
+    DeviceMemory,
+    GiB,
+    capacity,
+    keep_checkpoint_experts,
+    kv_budget,
+    refuse_if_too_small,
+    refuse_small_kv_budget,
+    workspace_bytes,
+)
 from osserve.engine.worker.kv_tensors import allocate_kv_caches, layer_groups, plan_kv_cache
 from osserve.engine.worker.runner import ModelRunner
 from osserve.errors import ConfigError
@@ -22,16 +32,13 @@ from osserve.model.checkpoint import fill_random_weights
 from osserve.model.resolve import resolve_model
 from osserve.model.weights import build_model, load_weights
 from osserve.ops.moe import swapped
+from osserve.ops.policy import detect, use_policy
 from osserve.tokenizer import load_tokenizer
 from osserve.unsupported import refuse_unsupported
 
 log = logging.getLogger("osserve")
 
 DEFAULT_CPU_KV_GB = 1.0
-# Kept free on the GPU for the largest step's activations and the CUDA graphs' pool: at
-# max_num_batched_tokens 8192 the MoE's fp32 partial sums are 8192x4x2880x4 B = 0.38 GB, and
-# logits are computed only for sampled rows (at most max_num_seqs x 201088 x 4 B = 0.2 GB).
-WORKSPACE_BYTES = 3 * 2**30
 
 
 @dataclass
@@ -60,6 +67,7 @@ class EngineArgs:
     tensor_parallel_size: int = 1
     kv_cache_dtype: str = "auto"
     speculative_config: str | None = None
+    portable_kernels: bool = False  # the portable Triton kernels on any GPU (ops/policy.py)
     seed: int = 0
 
     @classmethod
@@ -100,30 +108,41 @@ def build_engine(args: EngineArgs) -> LLMEngine:
     refuse_unsupported(args)
     device = resolve_device(args.device)
     dtype = resolve_dtype(args.dtype, device)
+    # Which kernels run (ops/policy.py): decided once, here; the runner enters it around every call.
+    policy = detect(device, forced=args.portable_kernels)
+    if policy.refusal is not None:
+        raise ConfigError(policy.refusal, "device")
+    model_dir = None
     if args.load_format == "dummy":
         if args.preset is None:
             raise ConfigError("--load-format dummy needs --preset tiny|20b|120b")
         cfg = preset(args.preset)
-        model = build_model(cfg, device, dtype)
-        fill_random_weights(model, cfg, args.seed)
     else:
         model_dir = resolve_model(args.model, args.revision, args.download_dir).path if args.model \
             else builtin_model_dir()
         cfg = ModelConfig.from_pretrained(model_dir)
-        model = build_model(cfg, device, dtype)
+    sched, cache = scheduler_config(args, cfg, device), cache_config(args)
+    gpu_budget = device.type == "cuda" and cache.kv_cache_gb is None and cache.num_blocks is None
+    if gpu_budget:  # before a byte is allocated: a model that cannot fit is refused in one line
+        label = args.model or (f"gpt-oss-{args.preset} (dummy weights)" if model_dir is None else "the built-in model")
+        refuse_if_too_small(label, cfg, cache, sched, dtype, device_memory(device))
+    model = build_model(cfg, device, dtype)
+    if model_dir is None:
+        fill_random_weights(model, cfg, args.seed)
+    else:
         load_weights(model, model_dir, show_progress=device.type == "cuda")
     weights_bytes = sum(t.numel() * t.element_size() for t in model.state_dict().values())
     if device.type == "cuda":
-        # Keep the checkpoint-layout experts beside the kernel's layout (for the dense prefill
-        # path) only when both fit comfortably: the 20b yes, the 120b on one 80 GB GPU no.
         total = torch.cuda.get_device_properties(device).total_memory
-        # On Hopper the Gluon kernel's weight layout (ops/moe/gluon.py); elsewhere the Triton kernels'.
+        # With the Hopper policy the Gluon kernel's weight layout (ops/moe/gluon.py); else the Triton kernels'.
         from osserve.ops.moe import gluon
 
-        fragments = gluon.supported(device, cfg.hidden_size, cfg.intermediate_size)
-        prepared = model.prepare_experts(keep_original=2 * weights_bytes < 0.6 * total, fragments=fragments)
-        compile_moe = gluon.compile_kernels if fragments else swapped.compile_kernels
-        compile_moe(prepared[0], cfg.num_experts_per_tok, cfg.swiglu_limit, dtype)
+        with use_policy(policy):
+            fragments = gluon.supported(device, cfg.hidden_size, cfg.intermediate_size)
+            prepared = model.prepare_experts(keep_original=keep_checkpoint_experts(weights_bytes, total),
+                                             fragments=fragments)
+            compile_moe = gluon.compile_kernels if fragments else swapped.compile_kernels
+            compile_moe(prepared[0], cfg.num_experts_per_tok, cfg.swiglu_limit, dtype)
         # Hand the freed checkpoint-layout tensors and load temporaries back to the driver, so the
         # KV budget below (read from the driver's free memory) sees them as free.
         torch.cuda.empty_cache()
@@ -134,53 +153,67 @@ def build_engine(args: EngineArgs) -> LLMEngine:
     if device.type == "cuda":
         torch.cuda.empty_cache()
 
-    max_model_len = args.max_model_len or min(cfg.max_position_embeddings, 8192 if device.type == "cpu" else 32768)
-    defaults = SchedulerConfig()
-    sched = SchedulerConfig(
-        # A CPU runs the tiny model: a smaller running set keeps each step's latency low.
-        max_num_seqs=args.max_num_seqs or (defaults.max_num_seqs if device.type == "cuda" else 32),
-        max_num_batched_tokens=args.max_num_batched_tokens or defaults.max_num_batched_tokens,
-        max_model_len=max_model_len,
-        admission_delay_s=args.admission_delay_ms / 1000,
-        async_scheduling=not args.no_async_scheduling,
-    )
-    cache = CacheConfig(block_size=args.block_size, num_blocks=args.num_blocks,
-                        kv_cache_gb=args.kv_cache_gb,
-                        gpu_memory_utilization=args.gpu_memory_utilization,
-                        enable_prefix_caching=not args.no_prefix_caching)
-    budget = kv_budget_bytes(cache, device)
+    budget = kv_budget_bytes(cache, device, sched)
+    if gpu_budget:
+        refuse_small_kv_budget(budget, cfg, cache, sched, dtype)
     plan = plan_kv_cache(cfg, cache, sched, budget, dtype)
     kv_tensors = allocate_kv_caches(cfg, plan, dtype, device)
     groups = [(g, cfg.sliding_window if g == "sliding" else None) for g in layer_groups(cfg)]
     kv = KVCacheManager(block_size=plan.block_size, num_blocks=plan.num_blocks, groups=groups,
                         enable_prefix_caching=cache.enable_prefix_caching)
-    runner = ModelRunner(model, kv_tensors, plan.block_size, device)
+    runner = ModelRunner(model, kv_tensors, plan.block_size, device, policy)
     graphs_bytes = 0
     if device.type == "cuda" and not args.enforce_eager:
         before = torch.cuda.memory_reserved(device)
         largest = min(sched.max_num_seqs, args.max_cudagraph_capture_size or sched.max_num_seqs)
-        runner.capture_decode_graphs(list(plan.num_blocks), max_model_len, largest,
+        runner.capture_decode_graphs(list(plan.num_blocks), sched.max_model_len, largest,
                                      mixed=not args.no_mixed_graphs)
         graphs_bytes = torch.cuda.memory_reserved(device) - before
     log.info(
         "memory plan: weights %.2f GiB, KV cache %.2f GiB (%s blocks of %d tokens: %d full-attention "
-        "tokens), CUDA graphs + activations %.2f GiB, workspace kept free %.2f GiB; dtype %s, %s",
-        weights_bytes / 2**30, plan.total_bytes / 2**30, plan.num_blocks, plan.block_size,
-        plan.max_tokens_per_request(), graphs_bytes / 2**30, WORKSPACE_BYTES / 2**30 if device.type == "cuda"
-        else 0.0, dtype, device,
+        "tokens), CUDA graphs + activations %.2f GiB, workspace kept free %.2f GiB; dtype %s, %s; %s",
+        weights_bytes / GiB, plan.total_bytes / GiB, plan.num_blocks, plan.block_size,
+        plan.max_tokens_per_request(), graphs_bytes / GiB,
+        workspace_bytes(sched.max_num_batched_tokens) / GiB if device.type == "cuda" else 0.0, dtype, device,
+        policy.describe(),
     )
+    log.info("%s", capacity(plan, sched.max_model_len))
     engine = LLMEngine(EngineParts(cfg, cache, sched, runner, kv, load_tokenizer()))
     if device.type == "cuda":
         engine.warm_up()
     return engine
 
 
-def kv_budget_bytes(cache: CacheConfig, device: torch.device) -> int:
-    """CPU: --kv-cache-gb; CUDA: the free memory left under --gpu-memory-utilization."""
-    if cache.kv_cache_gb is not None:
-        return int(cache.kv_cache_gb * 2**30)
-    if device.type != "cuda":
-        return int(DEFAULT_CPU_KV_GB * 2**30)
+def scheduler_config(args: EngineArgs, cfg: ModelConfig, device: torch.device) -> SchedulerConfig:
+    defaults = SchedulerConfig()
+    return SchedulerConfig(
+        # A CPU runs the tiny model: a smaller running set keeps each step's latency low.
+        max_num_seqs=args.max_num_seqs or (defaults.max_num_seqs if device.type == "cuda" else 32),
+        max_num_batched_tokens=args.max_num_batched_tokens or defaults.max_num_batched_tokens,
+        max_model_len=args.max_model_len or min(cfg.max_position_embeddings, 8192 if device.type == "cpu" else 32768),
+        admission_delay_s=args.admission_delay_ms / 1000,
+        async_scheduling=not args.no_async_scheduling,
+    )
+
+
+def cache_config(args: EngineArgs) -> CacheConfig:
+    return CacheConfig(block_size=args.block_size, num_blocks=args.num_blocks, kv_cache_gb=args.kv_cache_gb,
+                       gpu_memory_utilization=args.gpu_memory_utilization,
+                       enable_prefix_caching=not args.no_prefix_caching)
+
+
+def device_memory(device: torch.device) -> DeviceMemory:
+    """The card's size and what is in use on it now (this process's CUDA context, other processes)."""
     free, total = torch.cuda.mem_get_info(device)
-    used = total - free
-    return max(0, int(total * cache.gpu_memory_utilization) - used - WORKSPACE_BYTES)
+    return DeviceMemory(torch.cuda.get_device_name(device), total, total - free)
+
+
+def kv_budget_bytes(cache: CacheConfig, device: torch.device, sched: SchedulerConfig) -> int:
+    """CPU: --kv-cache-gb; CUDA: the free memory left under --gpu-memory-utilization, less the
+    workspace (engine/memory.py)."""
+    if cache.kv_cache_gb is not None:
+        return int(cache.kv_cache_gb * GiB)
+    if device.type != "cuda":
+        return int(DEFAULT_CPU_KV_GB * GiB)
+    now = device_memory(device)
+    return kv_budget(now, now.in_use, cache.gpu_memory_utilization, workspace_bytes(sched.max_num_batched_tokens))
