@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import statistics
 import time
 from dataclasses import asdict, dataclass
@@ -80,6 +81,8 @@ def run_once(engine: LLMEngine, batch: int, input_len: int, output_len: int, see
 
 
 def run_bench_latency(args: argparse.Namespace) -> int:
+    # The memory plan and the kernels it runs (engine/load.py's log lines) belong with the figures.
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     engine = build_engine(EngineArgs.from_namespace(args))
     for w in range(args.warmup):
         run_once(engine, args.batch_size, args.input_len, min(args.output_len, 16), seed=1000 + w)

@@ -16,6 +16,7 @@ from osserve.config import CacheConfig, ModelConfig, SchedulerConfig, preset
 from osserve.engine.core.kv_cache import KVCacheManager
 from osserve.engine.engine import EngineParts, LLMEngine
 from osserve.engine.memory import (
+    SIMULATED_GPU_ENV,
     DeviceMemory,
     GiB,
     capacity,
@@ -23,6 +24,7 @@ from osserve.engine.memory import (
     kv_budget,
     refuse_if_too_small,
     refuse_small_kv_budget,
+    simulated_gpu_bytes,
     workspace_bytes,
 )
 from osserve.engine.worker.kv_tensors import allocate_kv_caches, layer_groups, plan_kv_cache
@@ -133,7 +135,7 @@ def build_engine(args: EngineArgs) -> LLMEngine:
         load_weights(model, model_dir, show_progress=device.type == "cuda")
     weights_bytes = sum(t.numel() * t.element_size() for t in model.state_dict().values())
     if device.type == "cuda":
-        total = torch.cuda.get_device_properties(device).total_memory
+        total = device_memory(device).total
         # With the Hopper policy the Gluon kernel's weight layout (ops/moe/gluon.py); else the Triton kernels'.
         from osserve.ops.moe import gluon
 
@@ -203,9 +205,18 @@ def cache_config(args: EngineArgs) -> CacheConfig:
 
 
 def device_memory(device: torch.device) -> DeviceMemory:
-    """The card's size and what is in use on it now (this process's CUDA context, other processes)."""
+    """The card's size and what is in use on it now (this process's CUDA context, other processes);
+    with OSSERVE_GPU_MEMORY_GB (engine/memory.py) a smaller card's size, the allocator held to it."""
     free, total = torch.cuda.mem_get_info(device)
-    return DeviceMemory(torch.cuda.get_device_name(device), total, total - free)
+    name, in_use = torch.cuda.get_device_name(device), total - free
+    simulated = simulated_gpu_bytes()
+    if simulated is None:
+        return DeviceMemory(name, total, in_use)
+    if simulated > total:
+        raise ConfigError(f"{SIMULATED_GPU_ENV}: {simulated / GiB:.2f} GiB is more than the {total / GiB:.2f} GiB "
+                          f"of {name}", "device")
+    torch.cuda.set_per_process_memory_fraction(simulated / total, device)
+    return DeviceMemory(f"{name} held to {simulated / GiB:.2f} GiB", simulated, in_use)
 
 
 def kv_budget_bytes(cache: CacheConfig, device: torch.device, sched: SchedulerConfig) -> int:

@@ -10,6 +10,7 @@ shortfall; an out-of-memory traceback from the middle of loading says nothing a 
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass
 
 import torch
@@ -30,6 +31,9 @@ GiB = 2**30
 # lever a 24 GB card has to trade prompt chunk size for KV cache.
 WORKSPACE_FIXED_BYTES = 1 * GiB
 WORKSPACE_BYTES_PER_TOKEN = 256 * 1024
+# A smaller card on a larger one, for tests and benchmarks (benchmarks/portable_ab.py: an A10's 24 GB on
+# the H100): the plan takes this size for the card's, and PyTorch's allocator is held to it.
+SIMULATED_GPU_ENV = "OSSERVE_GPU_MEMORY_GB"
 
 
 @dataclass(frozen=True)
@@ -40,6 +44,16 @@ class DeviceMemory:
     name: str
     total: int
     in_use: int
+
+
+def simulated_gpu_bytes() -> int | None:
+    value = os.environ.get(SIMULATED_GPU_ENV)
+    if not value:
+        return None
+    try:
+        return int(float(value) * GiB)
+    except ValueError:
+        raise ConfigError(f"{SIMULATED_GPU_ENV}={value!r}: expected GiB, e.g. 22.2", "device") from None
 
 
 def workspace_bytes(max_num_batched_tokens: int) -> int:

@@ -12,6 +12,7 @@ import torch
 
 from osserve.config import CacheConfig, SchedulerConfig, preset
 from osserve.engine.memory import (
+    SIMULATED_GPU_ENV,
     DeviceMemory,
     GiB,
     capacity,
@@ -23,6 +24,7 @@ from osserve.engine.memory import (
     refuse_if_too_small,
     refuse_small_kv_budget,
     resident_weights,
+    simulated_gpu_bytes,
     workspace_bytes,
 )
 from osserve.errors import ConfigError
@@ -114,3 +116,13 @@ def test_a_measured_budget_below_the_smallest_cache_is_refused() -> None:
     refuse_small_kv_budget(need, cfg, AT_90, SERVE, BF16)
     with pytest.raises(ConfigError, match=r"gets 0\.50 GiB .* GiB short"):
         refuse_small_kv_budget(GiB // 2, cfg, AT_90, SERVE, BF16)
+
+
+def test_a_smaller_card_is_read_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(SIMULATED_GPU_ENV, raising=False)
+    assert simulated_gpu_bytes() is None
+    monkeypatch.setenv(SIMULATED_GPU_ENV, "22.2")
+    assert simulated_gpu_bytes() == int(22.2 * GiB)
+    monkeypatch.setenv(SIMULATED_GPU_ENV, "24GB")
+    with pytest.raises(ConfigError, match="expected GiB"):
+        simulated_gpu_bytes()
