@@ -347,6 +347,22 @@ def table(results: list[Compiled]) -> str:
     return "\n".join(rows)
 
 
+def summary(results: list[Compiled]) -> str:
+    """One row a kernel: per target, the most registers and shared memory over its configs."""
+    targets = sorted({r.target for r in results}, key=lambda t: int(t[3:]))
+    rows = [f"| kernel | configs | {' | '.join(targets)} |", "|---|---|" + "---|" * len(targets)]
+    for kernel in sorted({r.kernel for r in results}):
+        mine = [r for r in results if r.kernel == kernel]
+        cells = []
+        for target in targets:
+            at = [r for r in mine if r.target == target]
+            worst = "" if all(r.ok for r in at) else " FAIL"
+            cells.append(f"{max(r.registers for r in at)} / {max(r.shared for r in at) / 1024:.0f} KB"
+                         f"{'' if not any(r.spilled for r in at) else ' spills'}{worst}" if at else "")
+        rows.append(f"| {kernel} | {len({r.config for r in mine})} | {' | '.join(cells)} |")
+    return "\n".join(rows)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--targets", default="sm_80,sm_86,sm_89")
@@ -360,6 +376,8 @@ def main() -> int:
         sys.exit("unset TRITON_INTERPRET: the interpreter replaces the kernels this compiles")
     portable = compile_all(lambda cap: decide(cap), args.targets.split(","), list(SCENARIOS))
     print(table(portable))
+    print("\nMost registers / shared memory a block of each kernel takes, over its configs:\n")
+    print(summary(portable))
     out: dict[str, list[dict]] = {"portable": [asdict(r) for r in portable]}
     failed = [r for r in portable if not r.ok]
     if args.control:

@@ -142,6 +142,7 @@ def main() -> int:
     if not args.smoke:
         subprocess.run(["nvidia-smi", "--query-gpu=name,memory.total,driver_version", "--format=csv,noheader"])
     files: list[Path] = []
+    failures: list[str] = []
     if not args.suite_only:
         for round_ in range(1, args.rounds + 1):
             for name in PATHS:
@@ -152,8 +153,10 @@ def main() -> int:
                                        *(["--smoke"] if args.smoke else [])], capture_output=True, text=True, env=env)
                 lines = [line for line in done.stderr.splitlines() if "memory plan" in line or "KV cache: " in line]
                 print("\n".join(lines) if done.returncode == 0 else done.stderr[-4000:], flush=True)
-                if done.returncode != 0:
-                    return 1
+                if done.returncode != 0:  # on with the rest: the table says what failed, and why
+                    said = [line for line in done.stderr.splitlines() if line.strip()]
+                    failures.append(f"{name} round {round_} failed: {said[-1] if said else done.returncode}")
+                    continue
                 files.append(path)
     suite_line = "not run (--bench-only)"
     if not args.bench_only:
@@ -162,7 +165,8 @@ def main() -> int:
         suite_line = suite(left, out / "suite.log")
     print()
     print(table(files, suite_line))
-    return 0
+    print("\n".join(failures))
+    return 1 if failures else 0
 
 
 if __name__ == "__main__":
