@@ -9,9 +9,10 @@ RTX 4090 runs) measured on the lent GPU beside the Hopper ones, in one call:
    held to an A10's 22.2 GiB (OSSERVE_GPU_MEMORY_GB, engine/memory.py: the plan takes that size and
    PyTorch's allocator is held to it), so the memory-plan lines printed are a 24 GB card's plan made
    by the real loader, fragmentation and all (--card-gb 0: the whole card);
-2. the GPU suite with the portable path forced (OSSERVE_PORTABLE_KERNELS=1): every kernel against its
-   reference and the engine's fast path against the reference path; the Gluon and PDL tests skip,
-   saying why. It gets what is left of --budget-s after the benchmarks.
+2. the GPU suite with the portable path forced (OSSERVE_PORTABLE_KERNELS=1) and tl.dot lowered to
+   mma.sync as on Ampere and Ada (DISABLE_MMA_V3=1; --suite-wgmma: Hopper's wgmma): every kernel
+   against its reference and the engine's fast path against the reference path; the Gluon and PDL
+   tests skip, saying why. It gets what is left of --budget-s after the benchmarks.
 
 A table of every figure and the suite's summary is printed last. Figures on an H100 are lower bounds
 for what the portable code does there, not an A100's or an A10's figures.
@@ -39,7 +40,12 @@ from pathlib import Path
 
 from osserve.engine.memory import SIMULATED_GPU_ENV
 
-PATHS = {"hopper": False, "portable": True}  # name -> --portable-kernels
+# name -> (--portable-kernels, environment). Forced on an H100, the portable kernels' tl.dot still
+# becomes Hopper's wgmma; with DISABLE_MMA_V3=1 (Triton's switch) it becomes mma.sync, the
+# instruction an A100, A10 or L4 runs, with the same shared-memory use as there
+# (benchmarks/compile_targets.py: 24,832 bytes for the swapped MoE's 16-token tile on sm_86 and so).
+PATHS = {"hopper": (False, {}), "portable": (True, {}), "portable-mma-v2": (True, {"DISABLE_MMA_V3": "1"})}
+AMPERE_MMA = {"DISABLE_MMA_V3": "1"}
 BATCHES = (1, 32)
 RUNS = 2
 
@@ -62,7 +68,7 @@ def one_path(name: str, out: Path, model: str = "20b", device: str | None = None
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     logging.getLogger("osserve").addHandler(Keep())
     engine = build_engine(EngineArgs(load_format="dummy", preset=model, device=device, max_model_len=32768,
-                                     portable_kernels=PATHS[name]))
+                                     portable_kernels=PATHS[name][0]))
     prompt, output = (1024, 512) if model != "tiny" else (16, 4)
     run_once(engine, 1, 128, 16, seed=99)  # warm-up: compile whatever build_engine's warm-up left
     results = {f"b{b}": [asdict(run_once(engine, b, prompt, output, seed=10 * b + r)) for r in range(RUNS)]
@@ -73,11 +79,11 @@ def one_path(name: str, out: Path, model: str = "20b", device: str | None = None
                                else "cpu", "results": results}, indent=1))
 
 
-def suite(timeout: float, log: Path) -> str:
-    """The GPU suite with the portable kernels forced; its summary line."""
+def suite(timeout: float, log: Path, mma: dict[str, str]) -> str:
+    """The GPU suite with the portable kernels forced (and `mma`'s environment); its summary line."""
     if timeout < 30:
         return "not run: no time left (python3 benchmarks/portable_ab.py --suite-only)"
-    env = os.environ | {"OSSERVE_PORTABLE_KERNELS": "1"}
+    env = os.environ | {"OSSERVE_PORTABLE_KERNELS": "1"} | mma
     cmd = [sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", "tests/gpu"]
     try:
         done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
@@ -107,9 +113,10 @@ def table(files: list[Path], suite_line: str) -> str:
             rows.append(f"| {data['path']} | {batch[1:]} | {tok} | {tpot} | {prefill:,.0f} | {data['kernels']} |")
     rows.append("")
     for batch in (f"b{b}" for b in BATCHES):
-        if ("hopper", batch) in medians and ("portable", batch) in medians:
-            ratio = statistics.median(medians[("portable", batch)]) / statistics.median(medians[("hopper", batch)])
-            rows.append(f"batch {batch[1:]}: portable / Hopper decode tok/s = {ratio:.3f} (medians)")
+        for name in (n for n in PATHS if n != "hopper"):
+            if ("hopper", batch) in medians and (name, batch) in medians:
+                ratio = statistics.median(medians[(name, batch)]) / statistics.median(medians[("hopper", batch)])
+                rows.append(f"batch {batch[1:]}: {name} / Hopper decode tok/s = {ratio:.3f} (medians)")
     for f in files:  # the plan on the card as held (OSSERVE_GPU_MEMORY_GB)
         data = json.loads(f.read_text())
         rows.append(f"{data['path']}: {' | '.join(data['log'])} | peak reserved {data['peak']:.2f} GiB")
@@ -127,6 +134,11 @@ def main() -> int:
     ap.add_argument("--card-gb", type=float, default=22.2,
                     help="hold the card to this many GiB for the benchmarks (an A10's 24 GB as PyTorch sees "
                          "them); 0: the whole card")
+    ap.add_argument("--ampere-mma", action="store_true",
+                    help="a third engine: the portable kernels with DISABLE_MMA_V3=1 (mma.sync, as on Ampere/Ada)")
+    ap.add_argument("--suite-wgmma", action="store_true",
+                    help="run the suite's portable kernels with Hopper's wgmma (default: DISABLE_MMA_V3=1, Ampere's "
+                         "mma.sync, the closest the H100 comes to an A10)")
     ap.add_argument("--suite-only", action="store_true")
     ap.add_argument("--bench-only", action="store_true")
     ap.add_argument("--one", choices=PATHS, help=argparse.SUPPRESS)  # the child process of one engine
@@ -145,10 +157,10 @@ def main() -> int:
     failures: list[str] = []
     if not args.suite_only:
         for round_ in range(1, args.rounds + 1):
-            for name in PATHS:
+            for name in [n for n in PATHS if n != "portable-mma-v2" or args.ampere_mma]:
                 print(f"== {time.strftime('%T')} {name} kernels, round {round_}", flush=True)
                 path = out / f"ab-{name}-{round_}.json"
-                env = os.environ | ({SIMULATED_GPU_ENV: str(args.card_gb)} if args.card_gb else {})
+                env = os.environ | PATHS[name][1] | ({SIMULATED_GPU_ENV: str(args.card_gb)} if args.card_gb else {})
                 done = subprocess.run([sys.executable, __file__, "--one", name, "--json", str(path),
                                        *(["--smoke"] if args.smoke else [])], capture_output=True, text=True, env=env)
                 lines = [line for line in done.stderr.splitlines() if "memory plan" in line or "KV cache: " in line]
@@ -162,7 +174,8 @@ def main() -> int:
     if not args.bench_only:
         left = args.budget_s - (time.monotonic() - start)
         print(f"== {time.strftime('%T')} GPU suite, portable kernels forced ({left:.0f} s left)", flush=True)
-        suite_line = suite(left, out / "suite.log")
+        mma = {} if args.suite_wgmma else AMPERE_MMA
+        suite_line = f"{' '.join(f'{k}={v}' for k, v in mma.items())} " + suite(left, out / "suite.log", mma)
     print()
     print(table(files, suite_line))
     print("\n".join(failures))

@@ -155,6 +155,8 @@ def build_engine(args: EngineArgs) -> LLMEngine:
     if device.type == "cuda":
         torch.cuda.empty_cache()
 
+    # On the GPU, in use once the weights are resident: weights, CUDA context, the allocator's fragments.
+    in_use = device_memory(device).in_use if device.type == "cuda" else weights_bytes
     budget = kv_budget_bytes(cache, device, sched)
     if gpu_budget:
         refuse_small_kv_budget(budget, cfg, cache, sched, dtype)
@@ -172,9 +174,9 @@ def build_engine(args: EngineArgs) -> LLMEngine:
                                      mixed=not args.no_mixed_graphs)
         graphs_bytes = torch.cuda.memory_reserved(device) - before
     log.info(
-        "memory plan: weights %.2f GiB, KV cache %.2f GiB (%s blocks of %d tokens: %d full-attention "
-        "tokens), CUDA graphs + activations %.2f GiB, workspace kept free %.2f GiB; dtype %s, %s; %s",
-        weights_bytes / GiB, plan.total_bytes / GiB, plan.num_blocks, plan.block_size,
+        "memory plan: weights %.2f GiB (%.2f GiB in use after loading), KV cache %.2f GiB (%s blocks of %d tokens: "
+        "%d full-attention tokens), CUDA graphs + activations %.2f GiB, workspace kept free %.2f GiB; dtype %s, %s; %s",
+        weights_bytes / GiB, in_use / GiB, plan.total_bytes / GiB, plan.num_blocks, plan.block_size,
         plan.max_tokens_per_request(), graphs_bytes / GiB,
         workspace_bytes(sched.max_num_batched_tokens) / GiB if device.type == "cuda" else 0.0, dtype, device,
         policy.describe(),
