@@ -75,6 +75,10 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
                                                 "--max-num-seqs); larger batches run eagerly")
     g.add_argument("--no-mixed-graphs", action="store_true",
                    help="no CUDA graphs for steps that mix new prompts with decodes (they run eagerly)")
+    g.add_argument("--portable-kernels", action="store_true",
+                   help="the portable Triton kernels on any GPU, not the Hopper ones (Gluon MoE, programmatic "
+                        "dependent launch, sm_90 PTX); the default on GPUs other than sm_90 (also: "
+                        "OSSERVE_PORTABLE_KERNELS=1)")
     g.add_argument("--async-scheduling", dest="no_async_scheduling", action="store_false",
                    help="schedule step N+1 while step N runs on the GPU (the default)")
     g.add_argument("--no-async-scheduling", "--disable-overlap-schedule", dest="no_async_scheduling",

@@ -18,6 +18,18 @@ from osserve.config import CacheConfig, ModelConfig, SchedulerConfig, preset
 from osserve.distributed.layout import ParallelConfig, ShardLayout
 from osserve.engine.core.kv_cache import KVCacheManager
 from osserve.engine.engine import EngineParts, LLMEngine
+from osserve.engine.memory import (
+    SIMULATED_GPU_ENV,
+    DeviceMemory,
+    GiB,
+    capacity,
+    keep_checkpoint_experts,
+    kv_budget,
+    refuse_if_too_small,
+    refuse_small_kv_budget,
+    simulated_gpu_bytes,
+    workspace_bytes,
+)
 from osserve.engine.worker.kv_tensors import KVPlan, allocate_kv_caches, layer_groups, plan_kv_cache
 from osserve.engine.worker.runner import ModelRunner
 from osserve.errors import ConfigError
@@ -26,6 +38,7 @@ from osserve.model.gpt_oss import GptOssForCausalLM, KVCache
 from osserve.model.resolve import resolve_model
 from osserve.model.weights import build_model, load_weights
 from osserve.ops.moe import swapped
+from osserve.ops.policy import detect, use_policy
 from osserve.tokenizer import load_tokenizer
 from osserve.unsupported import refuse_unsupported
 
@@ -35,10 +48,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("osserve")
 
 DEFAULT_CPU_KV_GB = 1.0
-# Kept free on the GPU for the largest step's activations and the CUDA graphs' pool: at
-# max_num_batched_tokens 8192 the MoE's fp32 partial sums are 8192x4x2880x4 B = 0.38 GB, and
-# logits are computed only for sampled rows (at most max_num_seqs x 201088 x 4 B = 0.2 GB).
-WORKSPACE_BYTES = 3 * 2**30
 
 
 @dataclass
@@ -71,6 +80,7 @@ class EngineArgs:
     # Parsed, refused when not None / "auto" until built (osserve/unsupported.py).
     kv_cache_dtype: str = "auto"
     speculative_config: str | None = None
+    portable_kernels: bool = False  # the portable Triton kernels on any GPU (ops/policy.py)
     seed: int = 0
 
     @classmethod
@@ -174,6 +184,15 @@ def build_rank(args: EngineArgs, cfg: ModelConfig, model_dir: Path | None, devic
     plan's agreement, the graphs' warm-up and capture) meet in the same order on every rank."""
     dtype = resolve_dtype(args.dtype, device)
     rank0 = layout is None or layout.rank == 0
+    # Which kernels run (ops/policy.py): decided once, here; the runner enters it around every call.
+    policy = detect(device, forced=args.portable_kernels)
+    if policy.refusal is not None:
+        raise ConfigError(policy.refusal, "device")
+    sched, cache = scheduler_config(args, cfg, device), cache_config(args)
+    gpu_budget = device.type == "cuda" and cache.kv_cache_gb is None and cache.num_blocks is None
+    if gpu_budget and layout is None:  # before a byte is allocated: a model that cannot fit is refused in one line
+        label = args.model or (f"gpt-oss-{args.preset} (dummy weights)" if model_dir is None else "the built-in model")
+        refuse_if_too_small(label, cfg, cache, sched, dtype, device_memory(device))
     model = build_model(cfg, device, dtype, layout)
     if model_dir is None:
         fill_random_weights(model, cfg, args.seed)
@@ -183,17 +202,17 @@ def build_rank(args: EngineArgs, cfg: ModelConfig, model_dir: Path | None, devic
         model.join(group)
     weights_bytes = sum(t.numel() * t.element_size() for t in model.state_dict().values())
     if device.type == "cuda":
-        # Keep the checkpoint-layout experts beside the kernel's layout (for the dense prefill
-        # path) only when both fit comfortably: the 20b yes, the 120b on one 80 GB GPU no.
-        total = torch.cuda.get_device_properties(device).total_memory
-        # On Hopper the Gluon kernel's weight layout (ops/moe/gluon.py); elsewhere the Triton kernels'.
+        total = device_memory(device).total
+        # With the Hopper policy the Gluon kernel's weight layout (ops/moe/gluon.py); else the Triton kernels'.
         from osserve.ops.moe import gluon
 
         intermediate = layout.intermediate if layout is not None else cfg.intermediate_size
-        fragments = gluon.supported(device, cfg.hidden_size, intermediate)
-        prepared = model.prepare_experts(keep_original=2 * weights_bytes < 0.6 * total, fragments=fragments)
-        compile_moe = gluon.compile_kernels if fragments else swapped.compile_kernels
-        compile_moe(prepared[0], cfg.num_experts_per_tok, cfg.swiglu_limit, dtype)
+        with use_policy(policy):
+            fragments = gluon.supported(device, cfg.hidden_size, intermediate)
+            prepared = model.prepare_experts(keep_original=keep_checkpoint_experts(weights_bytes, total),
+                                             fragments=fragments)
+            compile_moe = gluon.compile_kernels if fragments else swapped.compile_kernels
+            compile_moe(prepared[0], cfg.num_experts_per_tok, cfg.swiglu_limit, dtype)
         # Hand the freed checkpoint-layout tensors and load temporaries back to the driver, so the
         # KV budget below (read from the driver's free memory) sees them as free.
         torch.cuda.empty_cache()
@@ -204,22 +223,12 @@ def build_rank(args: EngineArgs, cfg: ModelConfig, model_dir: Path | None, devic
     if device.type == "cuda":
         torch.cuda.empty_cache()
 
-    max_model_len = args.max_model_len or min(cfg.max_position_embeddings, 8192 if device.type == "cpu" else 32768)
-    defaults = SchedulerConfig()
-    sched = SchedulerConfig(
-        # A CPU runs the tiny model: a smaller running set keeps each step's latency low.
-        max_num_seqs=args.max_num_seqs or (defaults.max_num_seqs if device.type == "cuda" else 32),
-        max_num_batched_tokens=args.max_num_batched_tokens or defaults.max_num_batched_tokens,
-        max_model_len=max_model_len,
-        admission_delay_s=args.admission_delay_ms / 1000,
-        async_scheduling=not args.no_async_scheduling,
-    )
-    cache = CacheConfig(block_size=args.block_size, num_blocks=args.num_blocks,
-                        kv_cache_gb=args.kv_cache_gb,
-                        gpu_memory_utilization=args.gpu_memory_utilization,
-                        enable_prefix_caching=not args.no_prefix_caching)
-    budget = kv_budget_bytes(cache, device)
+    # On the GPU, in use once the weights are resident: weights, CUDA context, the allocator's fragments.
+    in_use = device_memory(device).in_use if device.type == "cuda" else weights_bytes
+    budget = kv_budget_bytes(cache, device, sched)
     local = layout.local_config(cfg) if layout is not None else cfg  # this rank's kv heads
+    if gpu_budget:
+        refuse_small_kv_budget(budget, local, cache, sched, dtype)
     plan = plan_kv_cache(local, cache, sched, budget, dtype)
     if group is not None:  # one scheduler hands out blocks for every rank: the smallest pool
         names = list(plan.num_blocks)
@@ -227,31 +236,69 @@ def build_rank(args: EngineArgs, cfg: ModelConfig, model_dir: Path | None, devic
                                                  strict=True)))
     kv_tensors = allocate_kv_caches(local, plan, dtype, device)
     runner = make_runner(model, kv_tensors, plan.block_size, device)
+    runner.policy = policy  # the kernels this engine was planned for (the flag, the device)
     graphs_bytes = 0
     # gloo's collectives (tests on one GPU) cannot be captured: those steps run eagerly.
     if device.type == "cuda" and not args.enforce_eager and (group is None or group.backend == "nccl"):
         before = torch.cuda.memory_reserved(device)
         largest = min(sched.max_num_seqs, args.max_cudagraph_capture_size or sched.max_num_seqs)
-        runner.capture_decode_graphs(list(plan.num_blocks), max_model_len, largest,
+        runner.capture_decode_graphs(list(plan.num_blocks), sched.max_model_len, largest,
                                      mixed=not args.no_mixed_graphs)
         graphs_bytes = torch.cuda.memory_reserved(device) - before
     log.info(
-        "memory plan%s: weights %.2f GiB, KV cache %.2f GiB (%s blocks of %d tokens: %d full-attention "
-        "tokens), CUDA graphs + activations %.2f GiB, workspace kept free %.2f GiB; dtype %s, %s",
+        "memory plan%s: weights %.2f GiB (%.2f GiB in use after loading), KV cache %.2f GiB (%s blocks of %d "
+        "tokens: %d full-attention tokens), CUDA graphs + activations %.2f GiB, workspace kept free %.2f GiB; "
+        "dtype %s, %s; %s",
         f" of rank {layout.rank} of {layout.size}" if layout is not None else "",
-        weights_bytes / 2**30, plan.total_bytes / 2**30, plan.num_blocks, plan.block_size,
-        plan.max_tokens_per_request(), graphs_bytes / 2**30, WORKSPACE_BYTES / 2**30 if device.type == "cuda"
-        else 0.0, dtype, device,
+        weights_bytes / GiB, in_use / GiB, plan.total_bytes / GiB, plan.num_blocks, plan.block_size,
+        plan.max_tokens_per_request(), graphs_bytes / GiB,
+        workspace_bytes(sched.max_num_batched_tokens) / GiB if device.type == "cuda" else 0.0, dtype, device,
+        policy.describe(),
     )
+    if rank0:
+        log.info("%s", capacity(plan, sched.max_model_len))
     return RankParts(runner, plan, sched, cache)
 
 
-def kv_budget_bytes(cache: CacheConfig, device: torch.device) -> int:
-    """CPU: --kv-cache-gb; CUDA: the free memory left under --gpu-memory-utilization."""
-    if cache.kv_cache_gb is not None:
-        return int(cache.kv_cache_gb * 2**30)
-    if device.type != "cuda":
-        return int(DEFAULT_CPU_KV_GB * 2**30)
+def scheduler_config(args: EngineArgs, cfg: ModelConfig, device: torch.device) -> SchedulerConfig:
+    defaults = SchedulerConfig()
+    return SchedulerConfig(
+        # A CPU runs the tiny model: a smaller running set keeps each step's latency low.
+        max_num_seqs=args.max_num_seqs or (defaults.max_num_seqs if device.type == "cuda" else 32),
+        max_num_batched_tokens=args.max_num_batched_tokens or defaults.max_num_batched_tokens,
+        max_model_len=args.max_model_len or min(cfg.max_position_embeddings, 8192 if device.type == "cpu" else 32768),
+        admission_delay_s=args.admission_delay_ms / 1000,
+        async_scheduling=not args.no_async_scheduling,
+    )
+
+
+def cache_config(args: EngineArgs) -> CacheConfig:
+    return CacheConfig(block_size=args.block_size, num_blocks=args.num_blocks, kv_cache_gb=args.kv_cache_gb,
+                       gpu_memory_utilization=args.gpu_memory_utilization,
+                       enable_prefix_caching=not args.no_prefix_caching)
+
+
+def device_memory(device: torch.device) -> DeviceMemory:
+    """The card's size and what is in use on it now (this process's CUDA context, other processes);
+    with OSSERVE_GPU_MEMORY_GB (engine/memory.py) a smaller card's size, the allocator held to it."""
     free, total = torch.cuda.mem_get_info(device)
-    used = total - free
-    return max(0, int(total * cache.gpu_memory_utilization) - used - WORKSPACE_BYTES)
+    name, in_use = torch.cuda.get_device_name(device), total - free
+    simulated = simulated_gpu_bytes()
+    if simulated is None:
+        return DeviceMemory(name, total, in_use)
+    if simulated > total:
+        raise ConfigError(f"{SIMULATED_GPU_ENV}: {simulated / GiB:.2f} GiB is more than the {total / GiB:.2f} GiB "
+                          f"of {name}", "device")
+    torch.cuda.set_per_process_memory_fraction(simulated / total, device)
+    return DeviceMemory(f"{name} held to {simulated / GiB:.2f} GiB", simulated, in_use)
+
+
+def kv_budget_bytes(cache: CacheConfig, device: torch.device, sched: SchedulerConfig) -> int:
+    """CPU: --kv-cache-gb; CUDA: the free memory left under --gpu-memory-utilization, less the
+    workspace (engine/memory.py)."""
+    if cache.kv_cache_gb is not None:
+        return int(cache.kv_cache_gb * GiB)
+    if device.type != "cuda":
+        return int(DEFAULT_CPU_KV_GB * GiB)
+    now = device_memory(device)
+    return kv_budget(now, now.in_use, cache.gpu_memory_utilization, workspace_bytes(sched.max_num_batched_tokens))

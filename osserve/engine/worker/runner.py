@@ -19,6 +19,7 @@ from osserve.engine.worker.kv_tensors import layer_groups
 from osserve.engine.worker.mixed_graphs import MixedGraphs
 from osserve.model.gpt_oss import GptOssForCausalLM, KVCache
 from osserve.ops.attention.metadata import AttentionMetadata, BlockTables
+from osserve.ops.policy import KernelPolicy, detect, use_policy
 
 
 @dataclass(slots=True)
@@ -54,7 +55,7 @@ class ModelInput:
 class ModelRunner:
     def __init__(
         self, model: GptOssForCausalLM, kv_caches: list[KVCache], block_size: int,
-        device: torch.device, head: bool = True,
+        device: torch.device, head: bool = True, policy: KernelPolicy | None = None,
     ) -> None:
         """head: compute the logits of the rows to sample. False on the ranks other than 0 of a
         model split over several (distributed/worker.py): their steps end at the hidden states,
@@ -64,6 +65,8 @@ class ModelRunner:
         self.block_size = block_size
         self.device = device
         self.head = head
+        # The kernels every call into the model launches (ops/policy.py; decided at load).
+        self.policy = policy if policy is not None else detect(device)
         self.pin = device.type == "cuda"
         self.graphs: DecodeGraphs | None = None
         self.mixed: MixedGraphs | None = None
@@ -72,12 +75,14 @@ class ModelRunner:
                               mixed: bool = True) -> None:
         """Record decode steps (and, with `mixed`, steps of new prompts beside decodes) as CUDA
         graphs (the runner, not the model, decides this)."""
-        self.graphs = DecodeGraphs(self.model, self.kv_caches, groups, self.block_size, max_model_len, max_batch,
-                                   head=self.head)
-        self.graphs.capture()
-        if mixed:
-            self.mixed = MixedGraphs(self.model, self.kv_caches, groups, self.block_size, max_model_len, max_batch)
-            self.mixed.capture(self.graphs.pool)
+        with use_policy(self.policy):
+            self.graphs = DecodeGraphs(self.model, self.kv_caches, groups, self.block_size, max_model_len, max_batch,
+                                       head=self.head)
+            self.graphs.capture()
+            if mixed:
+                self.mixed = MixedGraphs(self.model, self.kv_caches, groups, self.block_size, max_model_len,
+                                         max_batch)
+                self.mixed.capture(self.graphs.pool)
 
     def _to_device(self, data: np.ndarray) -> torch.Tensor:
         t = torch.from_numpy(data)
@@ -142,6 +147,11 @@ class ModelRunner:
         """The logits of the entries with sample=True, and their greedy ids where they came with
         them. prev_tokens: the previous step's sampled ids, on the device (see BatchEntry.prev_row).
         copies: KV blocks to copy first (newcomers' cached last blocks, kv_cache.py)."""
+        with use_policy(self.policy):
+            return self._run(entries, prev_tokens, copies)
+
+    def _run(self, entries: list[BatchEntry], prev_tokens: torch.Tensor | None,
+             copies: list[BlockCopy] | None) -> StepLogits:
         if copies:
             self.copy_blocks(copies)
         if self.graphs is not None and self.graphs.can_run(len(entries)) and all(
