@@ -2,8 +2,8 @@
 cannot honour, each refused at start with a message that says what osserve does instead, never
 dropped without a word.
 
-Two kinds. NOT_YET: features being built (tensor parallelism, speculative decoding, an fp8 KV
-cache, tool servers, data parallelism); turning one on is deleting its entry here and wiring the
+Two kinds. NOT_YET: features being built (tensor parallelism, an fp8 KV cache, tool servers,
+data parallelism); turning one on is deleting its entry here and wiring the
 value where the engine is assembled (engine/load.py) or the server started (server/run.py).
 NEVER: settings of machinery osserve does not have (torch.compile, other attention or MoE
 backends, other reasoning/tool-call parsers).
@@ -44,14 +44,6 @@ NOT_YET = [
             "behind a load balancer"),
     Refusal("enable_dp_attention", bool,
             "--enable-dp-attention is not supported yet; osserve runs one attention rank on one GPU"),
-    Refusal("speculative_config", lambda v: v is not None,
-            "--speculative-config is not supported yet; osserve decodes one token a step, without a draft model"),
-    Refusal("speculative_algorithm", lambda v: v is not None,
-            "--speculative-algorithm {value} is not supported yet; osserve decodes one token a step, without a "
-            "draft model"),
-    Refusal("speculative_draft_model_path", lambda v: v is not None,
-            "--speculative-draft-model-path is not supported yet; osserve decodes one token a step, without a "
-            "draft model"),
     Refusal("kv_cache_dtype", lambda v: v is not None and str(v).lower().startswith("fp8"),
             "--kv-cache-dtype {value} is not supported yet; osserve stores the KV cache in bf16 "
             "(--kv-cache-dtype auto)"),

@@ -7,8 +7,9 @@ import argparse
 import hashlib
 import logging
 import os
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -22,6 +23,8 @@ from osserve.model.checkpoint import fill_random_weights
 from osserve.model.resolve import resolve_model
 from osserve.model.weights import build_model, load_weights
 from osserve.ops.moe import swapped
+from osserve.speculative.config import resolve_speculative
+from osserve.speculative.setup import draft_for, draft_kv_bytes, make_decoder
 from osserve.tokenizer import load_tokenizer
 from osserve.unsupported import refuse_unsupported
 
@@ -59,7 +62,13 @@ class EngineArgs:
     # Parsed, refused when not 1 / None / "auto" until built (osserve/unsupported.py).
     tensor_parallel_size: int = 1
     kv_cache_dtype: str = "auto"
-    speculative_config: str | None = None
+    # speculative/config.py: vLLM's JSON (a dict from LLM(...)), or SGLang's flags
+    speculative_config: str | dict[str, Any] | None = None
+    speculative_algorithm: str | None = None
+    speculative_draft_model_path: str | None = None
+    speculative_num_steps: int | None = None
+    speculative_eagle_topk: int | None = None
+    speculative_num_draft_tokens: int | None = None
     seed: int = 0
 
     @classmethod
@@ -84,6 +93,23 @@ def builtin_model_dir() -> Path:
     return target
 
 
+def builtin_draft_dir() -> Path | None:
+    """The built-in model's EAGLE3 draft (osserve/demo/), expanded once into the cache folder like
+    the model; None where this build ships none."""
+    from osserve.demo.weights import DEMO_DRAFT
+
+    if not DEMO_DRAFT.is_file():
+        return None
+    from osserve.demo.draft_compact import expand_draft
+
+    digest = hashlib.sha256(DEMO_DRAFT.read_bytes()).hexdigest()[:12]
+    cache = Path(os.environ.get("OSSERVE_CACHE_DIR", Path.home() / ".cache" / "osserve"))
+    target = cache / "models" / f"demo-draft-{digest}"
+    if not (target / "model.safetensors").is_file():
+        expand_draft(DEMO_DRAFT, target)
+    return target
+
+
 def resolve_device(name: str | None) -> torch.device:
     if name:
         return torch.device(name)
@@ -98,6 +124,7 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
 
 def build_engine(args: EngineArgs) -> LLMEngine:
     refuse_unsupported(args)
+    spec = resolve_speculative(args)
     device = resolve_device(args.device)
     dtype = resolve_dtype(args.dtype, device)
     if args.load_format == "dummy":
@@ -148,8 +175,16 @@ def build_engine(args: EngineArgs) -> LLMEngine:
                         kv_cache_gb=args.kv_cache_gb,
                         gpu_memory_utilization=args.gpu_memory_utilization,
                         enable_prefix_caching=not args.no_prefix_caching)
+    draft = None
+    if spec is not None:
+        sched = replace(sched, speculative_slots=spec.max_drafts + spec.lookahead_slots)
+        builtin = builtin_draft_dir() if args.model is None and args.load_format != "dummy" else None
+        draft = draft_for(spec, model, device, dtype, args.load_format == "dummy", args.seed, builtin,
+                          max_model_len + sched.speculative_slots + 1)
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
     budget = kv_budget_bytes(cache, device)
-    plan = plan_kv_cache(cfg, cache, sched, budget, dtype)
+    plan = plan_kv_cache(cfg, cache, sched, budget, dtype, draft_kv_bytes(draft, cache.block_size, dtype))
     kv_tensors = allocate_kv_caches(cfg, plan, dtype, device)
     groups = [(g, cfg.sliding_window if g == "sliding" else None) for g in layer_groups(cfg)]
     kv = KVCacheManager(block_size=plan.block_size, num_blocks=plan.num_blocks, groups=groups,
@@ -169,7 +204,12 @@ def build_engine(args: EngineArgs) -> LLMEngine:
         plan.max_tokens_per_request(), graphs_bytes / 2**30, WORKSPACE_BYTES / 2**30 if device.type == "cuda"
         else 0.0, dtype, device,
     )
-    engine = LLMEngine(EngineParts(cfg, cache, sched, runner, kv, load_tokenizer()))
+    decoder = None if spec is None else make_decoder(spec, cfg, draft, plan, runner, dtype, max_model_len)
+    if spec is not None:
+        log.info("speculative decoding: %s, %d draft steps, top-%d, %d tokens verified a step, off above %d "
+                 "requests", spec.method, spec.num_speculative_tokens, spec.topk, spec.num_draft_tokens,
+                 spec.disable_by_batch_size)
+    engine = LLMEngine(EngineParts(cfg, cache, sched, runner, kv, load_tokenizer(), decoder))
     if device.type == "cuda":
         engine.warm_up()
     return engine
