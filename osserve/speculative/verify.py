@@ -16,7 +16,7 @@ carry distinct tokens (tree.py). Reaching a leaf, the next token is drawn from p
 
 Everything that touches the vocabulary runs on the device in a few batched ops; the host gets per
 row the argmax, the coin, the residual draw, and per node its probability, and walks the trees.
-A request with its own seed draws its coins and noise from its generator.
+A request with its own seed draws its coins and residual tokens from its generator.
 """
 
 from __future__ import annotations
@@ -87,6 +87,16 @@ def verify(logits: torch.Tensor, requests: list[VerifyRequest], vocab_size: int 
     return out
 
 
+def keep_top_k(scaled: torch.Tensor, top_k: list[int]) -> torch.Tensor:
+    """Each row's top_k largest values kept, the rest -inf: the sampler's top-k without its full
+    sort (a partial top-k; rows tied at their k-th value keep every tie, which the sampler's sort
+    breaks arbitrarily)."""
+    most = max(top_k)
+    values = scaled.topk(most, dim=-1).values
+    kth = values.gather(1, torch.tensor(top_k, device=scaled.device)[:, None].clamp(max=most) - 1)
+    return scaled.masked_fill(scaled < kth, float("-inf"))
+
+
 def _sampled_rows(logits: torch.Tensor, requests: list[VerifyRequest], offsets: list[int], vocab_size: int,
                   ) -> dict[int, tuple[float, int, float, dict[int, float]]]:
     """Per row of the sampling requests: (its coin, a draw from p without its children, the
@@ -107,9 +117,11 @@ def _sampled_rows(logits: torch.Tensor, requests: list[VerifyRequest], offsets: 
     dev = logits.device
     index = torch.tensor(rows, device=dev)
     scaled = logits[index] / torch.tensor(temps, device=dev)[:, None]
-    if any(k < vocab_size for k in top_k) or any(x < 1.0 for x in top_p):
+    if any(x < 1.0 for x in top_p):
         scaled = apply_top_k_top_p(scaled, torch.tensor(top_k, device=dev) if any(k < vocab_size for k in top_k)
-                                   else None, torch.tensor(top_p, device=dev) if any(x < 1.0 for x in top_p) else None)
+                                   else None, torch.tensor(top_p, device=dev))
+    elif any(k < vocab_size for k in top_k):
+        scaled = keep_top_k(scaled, top_k)
     if any(x > 0.0 for x in min_p):
         scaled = apply_min_p(scaled, torch.tensor(min_p, device=dev))
     probs = scaled.softmax(-1)  # [N, V]
@@ -127,17 +139,28 @@ def _sampled_rows(logits: torch.Tensor, requests: list[VerifyRequest], offsets: 
         residual = probs.index_put((cr, ct), torch.zeros(len(child_rows), device=dev))
     else:
         child_p, residual = [], probs
-    noise = torch.empty_like(residual)
+    mass = residual.sum(-1)
+    # Rows whose children hold all of p draw from p itself (the draw is not used: a child is taken).
+    weights = torch.where(mass[:, None] > EMPTY_RESIDUAL, residual, probs)
+    draws = torch.empty(len(rows), dtype=torch.int64, device=dev)
     coins = torch.empty(len(rows), device=dev)
-    k = 0
+    unseeded = [k for k, req in enumerate(requests) if req.generator is None]
+    spans: list[tuple[int, int]] = []
     for req in requests:
-        n = 1 + len(req.tree)
-        g = req.generator
-        noise[k:k + n].exponential_(generator=g)
-        coins[k:k + n].uniform_(generator=g)
-        k += n
-    draws = (residual / noise).argmax(-1).tolist()
-    mass = residual.sum(-1).tolist()
+        start = spans[-1][1] if spans else 0
+        spans.append((start, start + 1 + len(req.tree)))
+    if len(unseeded) == len(requests):  # one draw for the lot
+        draws = torch.multinomial(weights, 1)[:, 0]
+        coins = torch.rand(len(rows), device=dev)
+    elif unseeded:
+        index = torch.tensor([j for i in unseeded for j in range(*spans[i])], device=dev)
+        draws[index] = torch.multinomial(weights[index], 1)[:, 0]
+        coins[index] = torch.rand(len(index), device=dev)
+    for req, (a, b) in zip(requests, spans, strict=True):
+        if req.generator is not None:  # its own stream: independent of the batch
+            draws[a:b] = torch.multinomial(weights[a:b], 1, generator=req.generator)[:, 0]
+            coins[a:b] = torch.rand(b - a, device=dev, generator=req.generator)
+    draw_list, mass_list = draws.tolist(), mass.tolist()
     coin_list = coins.tolist()
     by_base: dict[int, dict[int, float]] = {}
     for (base, c), p_c in zip(child_keys, child_p, strict=True):
@@ -146,5 +169,5 @@ def _sampled_rows(logits: torch.Tensor, requests: list[VerifyRequest], offsets: 
     for req, base in zip(requests, offsets, strict=True):
         ps = by_base.get(base, {})
         for row in range(base, base + 1 + len(req.tree)):
-            out[row] = (coin_list[local[row]], draws[local[row]], mass[local[row]], ps)
+            out[row] = (coin_list[local[row]], draw_list[local[row]], mass_list[local[row]], ps)
     return out

@@ -240,5 +240,6 @@ def sample_rows(entries: list[BatchEntry], query_lens: list[int], speculative: b
     ends = np.cumsum(query_lens, dtype=np.int64) - 1
     if not speculative:
         return ends[np.fromiter((e.sample for e in entries), dtype=bool, count=len(entries))]
-    return np.concatenate([np.arange(end - e.num_drafts, end + 1, dtype=np.int64)
-                           for e, end in zip(entries, ends.tolist(), strict=True) if e.sample])
+    parts = [np.arange(end - e.num_drafts, end + 1, dtype=np.int64)
+             for e, end in zip(entries, ends.tolist(), strict=True) if e.sample]
+    return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
