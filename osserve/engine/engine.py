@@ -401,7 +401,7 @@ class LLMEngine:
             flight.grammar_dead |= self.grammars.accept({r.request_id: t for r, t in zip(plain_rows, plain_ids,
                                                                                          strict=True)})
         deltas = self._finish(flight, result)
-        offsets = np.cumsum([0] + [len(e.token_ids) for e in entries[:-1]]).tolist()
+        offsets = step.entry_rows or np.cumsum([0] + [len(e.token_ids) for e in entries[:-1]]).tolist()
         spec.propose(out, offsets, by_id, step.aux_hidden if spec.capture_layers else step.hidden, self.requests)
         return deltas
 

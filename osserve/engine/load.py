@@ -24,7 +24,7 @@ from osserve.model.resolve import resolve_model
 from osserve.model.weights import build_model, load_weights
 from osserve.ops.moe import swapped
 from osserve.speculative.config import resolve_speculative
-from osserve.speculative.setup import draft_for, draft_kv_bytes, make_decoder
+from osserve.speculative.setup import capture_speculative_graphs, draft_for, draft_kv_bytes, make_decoder
 from osserve.tokenizer import load_tokenizer
 from osserve.unsupported import refuse_unsupported
 
@@ -190,12 +190,16 @@ def build_engine(args: EngineArgs) -> LLMEngine:
     kv = KVCacheManager(block_size=plan.block_size, num_blocks=plan.num_blocks, groups=groups,
                         enable_prefix_caching=cache.enable_prefix_caching)
     runner = ModelRunner(model, kv_tensors, plan.block_size, device)
+    decoder = None if spec is None else make_decoder(spec, cfg, draft, plan, runner, dtype, max_model_len)
     graphs_bytes = 0
     if device.type == "cuda" and not args.enforce_eager:
         before = torch.cuda.memory_reserved(device)
         largest = min(sched.max_num_seqs, args.max_cudagraph_capture_size or sched.max_num_seqs)
         runner.capture_decode_graphs(list(plan.num_blocks), max_model_len, largest,
                                      mixed=not args.no_mixed_graphs)
+        if decoder is not None:
+            capture_speculative_graphs(decoder, runner, list(plan.num_blocks), max_model_len + sched.speculative_slots
+                                       + 1, min(largest, decoder.config.disable_by_batch_size), dtype)
         graphs_bytes = torch.cuda.memory_reserved(device) - before
     log.info(
         "memory plan: weights %.2f GiB, KV cache %.2f GiB (%s blocks of %d tokens: %d full-attention "
@@ -204,7 +208,6 @@ def build_engine(args: EngineArgs) -> LLMEngine:
         plan.max_tokens_per_request(), graphs_bytes / 2**30, WORKSPACE_BYTES / 2**30 if device.type == "cuda"
         else 0.0, dtype, device,
     )
-    decoder = None if spec is None else make_decoder(spec, cfg, draft, plan, runner, dtype, max_model_len)
     if spec is not None:
         log.info("speculative decoding: %s, %d draft steps, top-%d, %d tokens verified a step, off above %d "
                  "requests", spec.method, spec.num_speculative_tokens, spec.topk, spec.num_draft_tokens,

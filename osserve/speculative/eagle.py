@@ -23,11 +23,12 @@ One host sync a step: the proposals, at the end.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 import torch
 
-from osserve.engine.worker.cuda_graphs import block_table_array, flat_tokens
+from osserve.engine.worker.cuda_graphs import block_table_array, bounded_slot_mapping, flat_tokens
 from osserve.model.eagle3 import Eagle3Draft
 from osserve.model.gpt_oss import FULL_GROUP, KVCache
 from osserve.ops.attention.metadata import AttentionMetadata, BlockTables, TreeMask
@@ -46,12 +47,22 @@ class DraftInput:
     depth: int  # draft tokens wanted after the last row (0: none, e.g. a prompt chunk)
 
 
+@dataclass
+class DraftPass:
+    """One expansion pass's inputs on the device: RoPE positions [R] and the metadata over the
+    draft's cache (for trees, its TreeMask's bits are written by the pass itself)."""
+
+    positions: torch.Tensor
+    meta: AttentionMetadata
+
+
 class Eagle3Proposer:
     def __init__(self, draft: Eagle3Draft, kv_cache: KVCache, block_size: int, config: SpeculativeConfig,
                  device: torch.device) -> None:
         self.draft, self.kv_cache, self.block_size = draft, kv_cache, block_size
         self.steps, self.topk, self.tree_size = config.num_speculative_tokens, config.topk, config.num_draft_tokens - 1
         self.device = device
+        self.graphs: DraftGraphsLike | None = None  # speculative/eagle_graphs.py, on a GPU
 
     @property
     def capture_layers(self) -> tuple[int, ...]:
@@ -61,18 +72,17 @@ class Eagle3Proposer:
         t = torch.from_numpy(a)
         return (t.pin_memory() if self.device.type == "cuda" else t).to(self.device, non_blocking=True)
 
-    def _meta(self, query_lens: list[int], cache_pos: np.ndarray, seq_lens: list[int], tables: list[list[int]],
-              tree: TreeMask | None = None) -> AttentionMetadata:
+    def meta(self, query_lens: list[int], cache_pos: np.ndarray, seq_lens: list[int], tables: list[list[int]],
+             tree: TreeMask | None = None) -> AttentionMetadata:
         rows = block_table_array(tables, len(tables))
         seq_of_token = np.repeat(np.arange(len(tables)), query_lens)
         starts = np.zeros(len(tables) + 1, dtype=np.int32)
         np.cumsum(query_lens, out=starts[1:])
+        slot = bounded_slot_mapping(rows, seq_of_token, cache_pos, self.block_size)
         return AttentionMetadata(
             query_start_loc=self._to_device(starts), seq_lens=self._to_device(np.asarray(seq_lens, dtype=np.int32)),
             query_lens_host=list(query_lens), seq_lens_host=list(seq_lens),
-            groups={FULL_GROUP: BlockTables(self._to_device(rows),
-                                            self._to_device(slots(rows, seq_of_token, cache_pos, self.block_size)))},
-            tree=tree)
+            groups={FULL_GROUP: BlockTables(self._to_device(rows), self._to_device(slot))}, tree=tree)
 
     @torch.inference_mode()
     def propose(self, aux: torch.Tensor, inputs: list[DraftInput]) -> list[DraftTree | None]:
@@ -80,40 +90,62 @@ class Eagle3Proposer:
         depth is 0)."""
         if not inputs:
             return []
-        draft = self.draft
+        if self.graphs is not None and self.graphs.fits(inputs):
+            return self.trees(inputs, self.graphs.run(aux, inputs))
         ids, pos, query_lens, seq_lens = flat_tokens([i.next_tokens for i in inputs], [i.start for i in inputs])
         rows = torch.from_numpy(np.fromiter((r for i in inputs for r in i.rows), dtype=np.int64)).to(aux.device)
-        hidden = draft.project(aux[rows])
-        meta = self._meta(query_lens, pos, seq_lens, [i.block_table for i in inputs])
-        normed, prenorm = draft(self._to_device(ids), hidden, self._to_device(pos), meta, self.kv_cache)
+        meta = self.meta(query_lens, pos, seq_lens, [i.block_table for i in inputs])
         grow = [k for k, i in enumerate(inputs) if i.depth > 0]
-        out: list[DraftTree | None] = [None] * len(inputs)
         if not grow:
-            return out
+            self.first_pass(aux[rows], self._to_device(ids), self._to_device(pos), meta)
+            return [None] * len(inputs)
         last = self._to_device(np.cumsum(query_lens, dtype=np.int64)[grow] - 1)
         p0 = np.asarray([seq_lens[k] - 1 for k in grow], dtype=np.int64)  # the last first-pass position
-        tables = [inputs[k].block_table for k in grow]
-        expand = self._chain if self.topk == 1 else self._tree
-        for k, tree in zip(grow, expand(normed[last], prenorm[last], p0, tables), strict=True):
-            out[k] = tree.trimmed(inputs[k].depth)
-        return out
+        normed, hidden = self.first_pass(aux[rows], self._to_device(ids), self._to_device(pos), meta, last)
+        passes = self.expansion_passes(p0, [inputs[k].block_table for k in grow])
+        out = self.chain(normed, hidden, passes) if self.topk == 1 else self.tree(normed, hidden, passes)
+        trees = self.trees([inputs[k] for k in grow], out)
+        result: list[DraftTree | None] = [None] * len(inputs)
+        for k, tree in zip(grow, trees, strict=True):
+            result[k] = tree
+        return result
 
-    def _chain(self, normed: torch.Tensor, hidden: torch.Tensor, p0: np.ndarray, tables: list[list[int]],
-               ) -> list[DraftTree]:
+    def first_pass(self, aux_rows: torch.Tensor, ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
+                   last: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """The draft over the rows whose target states are known; (normed, prenorm) of `last` rows."""
+        normed, prenorm = self.draft(ids, self.draft.project(aux_rows), positions, meta, self.kv_cache)
+        return (normed, prenorm) if last is None else (normed[last], prenorm[last])
+
+    def expansion_passes(self, p0: np.ndarray, tables: list[list[int]]) -> list[DraftPass]:
+        """The passes after the first, for requests whose last first-pass row is at p0."""
+        b, k = len(tables), self.topk
+        passes = []
+        base = p0 + 1  # cache position of the first expansion row
+        for s in range(1, self.steps):
+            if k == 1:  # the row of the depth-s guess, at its own position
+                pos = p0 + s
+                passes.append(DraftPass(self._to_device(pos), self.meta([1] * b, pos, (pos + 1).tolist(), tables)))
+                continue
+            cache_pos = (base[:, None] + (s - 1) * k + np.arange(k)[None, :]).reshape(-1)
+            real = self._to_device(np.repeat(p0 + s, k))
+            tree = TreeMask(torch.zeros(b * k, dtype=torch.int64, device=self.device), real,
+                            self._to_device(base.astype(np.int32)))
+            passes.append(DraftPass(real, self.meta([k] * b, cache_pos, (base + s * k).tolist(), tables, tree)))
+        return passes
+
+    def chain(self, normed: torch.Tensor, hidden: torch.Tensor, passes: list[DraftPass]) -> tuple[torch.Tensor, ...]:
+        """(guesses [B, steps] target ids,)"""
         draft = self.draft
-        b = len(tables)
         tok = draft.to_target(draft.logits(normed).argmax(-1))
         guesses = [tok]
-        for s in range(1, self.steps):
-            pos = p0 + s  # the row of the depth-s guess
-            meta = self._meta([1] * b, pos, (pos + 1).tolist(), tables)
-            normed, hidden = draft(tok, hidden, self._to_device(pos), meta, self.kv_cache)
+        for p in passes:
+            normed, hidden = draft(tok, hidden, p.positions, p.meta, self.kv_cache)
             tok = draft.to_target(draft.logits(normed).argmax(-1))
             guesses.append(tok)
-        return [DraftTree.chain(row) for row in torch.stack(guesses, dim=1).tolist()]
+        return (torch.stack(guesses, dim=1),)
 
-    def _tree(self, normed: torch.Tensor, hidden: torch.Tensor, p0: np.ndarray, tables: list[list[int]],
-              ) -> list[DraftTree]:
+    def tree(self, normed: torch.Tensor, hidden: torch.Tensor, passes: list[DraftPass]) -> tuple[torch.Tensor, ...]:
+        """(candidate target ids, their cumulative log-probabilities, their parent candidates), [B, C] each."""
         draft, k = self.draft, self.topk
         b, h = hidden.shape
         dev = hidden.device
@@ -124,16 +156,13 @@ class Eagle3Proposer:
         beam_score, beam_hidden = score, hidden[:, None, :].expand(b, k, h)
         beam_bits = torch.zeros(b, k, dtype=torch.int64, device=dev)  # ancestors among the expansion rows
         n_cands = k
-        base = p0 + 1  # cache position of the first expansion row
-        for s in range(1, self.steps):
+        for s, p in enumerate(passes, start=1):
             j = (s - 1) * k + torch.arange(k, device=dev)  # this pass's expansion row of each beam
             bits = beam_bits | (1 << j)[None, :]
+            assert p.meta.tree is not None
+            p.meta.tree.bits.copy_(bits.reshape(-1))
             tokens_in = torch.cat(cand_tokens, dim=1).gather(1, beam_cand)
-            cache_pos = (base[:, None] + (s - 1) * k + np.arange(k)[None, :]).reshape(-1)
-            real = self._to_device(np.repeat(p0 + s, k))
-            tree = TreeMask(bits.reshape(-1), real, self._to_device(base.astype(np.int32)))
-            meta = self._meta([k] * b, cache_pos, (base + s * k).tolist(), tables, tree)
-            out_normed, out_hidden = draft(tokens_in.reshape(-1), beam_hidden.reshape(b * k, h), real, meta,
+            out_normed, out_hidden = draft(tokens_in.reshape(-1), beam_hidden.reshape(b * k, h), p.positions, p.meta,
                                            self.kv_cache)
             lp = draft.logits(out_normed).log_softmax(-1).view(b, k, -1)
             child_score, child_ids = lp.topk(k, dim=-1)  # [B, K beams, K children]
@@ -147,15 +176,23 @@ class Eagle3Proposer:
             n_cands += k * k
             beam_hidden = out_hidden.view(b, k, h).gather(1, parent[..., None].expand(b, k, h))
             beam_bits = bits.gather(1, parent)
-        tokens = torch.cat(cand_tokens, dim=1).tolist()
-        scores = torch.cat(cand_scores, dim=1).float().tolist()
-        parents = torch.cat(cand_parents, dim=1).tolist()
-        return [select_tree(t, p, sc, self.tree_size) for t, p, sc in zip(tokens, parents, scores, strict=True)]
+        return torch.cat(cand_tokens, dim=1), torch.cat(cand_scores, dim=1).float(), torch.cat(cand_parents, dim=1)
+
+    def trees(self, inputs: list[DraftInput], out: tuple[torch.Tensor, ...]) -> list[DraftTree | None]:
+        """chain()'s or tree()'s output (rows for `inputs`, in order) as each input's trimmed draft."""
+        host = [t.tolist() for t in out]
+        trees: list[DraftTree | None] = []
+        for row, inp in enumerate(inputs):
+            if inp.depth <= 0:
+                trees.append(None)
+            elif self.topk == 1:
+                trees.append(DraftTree.chain(host[0][row]).trimmed(inp.depth))
+            else:
+                trees.append(select_tree(host[0][row], host[2][row], host[1][row], self.tree_size).trimmed(inp.depth))
+        return trees
 
 
-def slots(rows: np.ndarray, seq_of_token: np.ndarray, pos: np.ndarray, block_size: int) -> np.ndarray:
-    """Each token's KV slot, -1 where its sequence has no block for the position (no write)."""
-    col = pos // block_size
-    inside = col < rows.shape[1]
-    blocks = np.where(inside, rows[seq_of_token, np.minimum(col, rows.shape[1] - 1)], -1).astype(np.int64)
-    return np.where(blocks >= 0, blocks * block_size + pos % block_size, -1)
+class DraftGraphsLike(Protocol):
+    def fits(self, inputs: list[DraftInput]) -> bool: ...
+
+    def run(self, aux: torch.Tensor, inputs: list[DraftInput]) -> tuple[torch.Tensor, ...]: ...

@@ -6,6 +6,7 @@ cache takes part of the budget), `make_decoder` once the target's cache exists."
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 
 import torch
@@ -13,6 +14,7 @@ import torch
 from osserve.config import ModelConfig
 from osserve.engine.worker.kv_tensors import KVPlan
 from osserve.engine.worker.runner import ModelRunner
+from osserve.engine.worker.verify_graphs import VerifyGraphs
 from osserve.errors import ConfigError
 from osserve.model.eagle3 import Eagle3Draft
 from osserve.model.eagle3_weights import load_draft, random_draft
@@ -21,7 +23,10 @@ from osserve.model.resolve import resolve_model
 from osserve.speculative.config import SpeculativeConfig
 from osserve.speculative.decoder import SpeculativeDecoder
 from osserve.speculative.eagle import Eagle3Proposer
+from osserve.speculative.eagle_graphs import DraftGraphs
 from osserve.speculative.ngram import NgramProposer
+
+log = logging.getLogger("osserve")
 
 
 def check_draft_folder(folder: Path) -> None:
@@ -75,3 +80,29 @@ def make_decoder(spec: SpeculativeConfig, cfg: ModelConfig, draft: Eagle3Draft |
         runner.extra_caches[FULL_GROUP] = [kv]
         proposer = Eagle3Proposer(draft, kv, plan.block_size, spec, runner.device)
     return SpeculativeDecoder(spec, proposer, cfg.vocab_size, max_model_len)
+
+
+def capture_speculative_graphs(decoder: SpeculativeDecoder, runner: ModelRunner, groups: list[str],
+                               max_positions: int, max_batch: int, dtype: torch.dtype) -> None:
+    """CUDA graphs for steady speculative steps: the target's verify forward (engine/worker/
+    verify_graphs.py) and the EAGLE3 draft's passes (speculative/eagle_graphs.py), in the decode
+    graphs' memory pool. A capture that fails leaves those steps eager, with a warning: slower,
+    still correct."""
+    spec = decoder.config
+    pool = runner.graphs.pool if runner.graphs is not None else None
+    try:
+        graphs = VerifyGraphs(runner.model, runner.kv_caches, groups, runner.block_size, max_positions, max_batch,
+                              spec.num_draft_tokens, spec.is_tree, decoder.capture_layers)
+        pool = graphs.capture(pool)
+        runner.verify_graphs = graphs
+        proposer = decoder.proposer
+        if isinstance(proposer, Eagle3Proposer):
+            width = 3 * runner.model.config.hidden_size if decoder.capture_layers else runner.model.config.hidden_size
+            draft_graphs = DraftGraphs(proposer, max_batch, spec.num_draft_tokens, max_positions, width, dtype)
+            draft_graphs.capture(pool)
+            proposer.graphs = draft_graphs
+    except Exception as e:  # noqa: BLE001 - any capture failure: run these steps eagerly
+        runner.verify_graphs = None
+        if isinstance(decoder.proposer, Eagle3Proposer):
+            decoder.proposer.graphs = None
+        log.warning("speculative steps run eagerly: capturing their CUDA graphs failed (%s: %s)", type(e).__name__, e)

@@ -253,3 +253,49 @@ def test_a_draft_that_does_not_fit_the_target_stops_start_up(narrow: Path, tmp_p
         engine(narrow, {"method": "eagle3"})
     with pytest.raises(ConfigError, match="unknown key 'num_spec_tokens'"):
         engine(narrow, {"method": "eagle3", "num_spec_tokens": 3})
+
+
+def with_graph_layouts(eng: LLMEngine) -> LLMEngine:
+    """The CUDA-graph paths of speculative steps (engine/worker/verify_graphs.py,
+    speculative/eagle_graphs.py) run without capture: the padded fixed-size layouts they replay."""
+    from osserve.engine.worker.verify_graphs import VerifyGraphs
+    from osserve.speculative.eagle import Eagle3Proposer
+    from osserve.speculative.eagle_graphs import DraftGraphs
+
+    spec, runner = eng.spec, eng.runner
+    assert spec is not None
+    positions = eng.max_model_len + eng.scheduler_config.speculative_slots + 1
+    runner.verify_graphs = VerifyGraphs(runner.model, runner.kv_caches, eng.kv.groups, runner.block_size, positions,
+                                        4, spec.config.num_draft_tokens, spec.config.is_tree, spec.capture_layers,
+                                        captured=False)
+    if isinstance(spec.proposer, Eagle3Proposer):
+        spec.proposer.graphs = DraftGraphs(spec.proposer, 4, spec.config.num_draft_tokens, positions,
+                                           3 * TINY.hidden_size, torch.float32, captured=False)
+    return eng
+
+
+@pytest.mark.parametrize("method", ["chain", "tree"])
+def test_the_graph_layouts_equal_plain_decoding(narrow: Path, draft: Path, plain: dict[str, list[int]],
+                                                method: str) -> None:
+    """Up to 4 requests a step replay (batch sizes 1, 2, 4: one padded request at 3); the 6 of the
+    workload start beyond that and run eagerly until two finish."""
+    eng = with_graph_layouts(with_oracle(engine(narrow, spec_configs(draft)[method]), plain, seed=4))
+    calls = {"verify": 0, "draft": 0}
+    assert eng.runner.verify_graphs is not None
+    verify_run, graphs = eng.runner.verify_graphs.run, getattr(eng.spec.proposer, "graphs", None)  # type: ignore[union-attr]
+
+    def counting_verify(*args: Any) -> Any:
+        calls["verify"] += 1
+        return verify_run(*args)
+
+    eng.runner.verify_graphs.run = counting_verify  # type: ignore[method-assign]
+    if graphs is not None:
+        draft_run = graphs.run
+
+        def counting_draft(*args: Any) -> Any:
+            calls["draft"] += 1
+            return draft_run(*args)
+
+        graphs.run = counting_draft
+    assert run(eng, workload(), GREEDY, stagger=3) == plain
+    assert calls["verify"] > 5 and calls["draft"] > 5 and eng.stats().spec_num_accepted_tokens > 0

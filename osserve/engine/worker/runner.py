@@ -17,6 +17,7 @@ from osserve.engine.core.kv_cache import BlockCopy
 from osserve.engine.worker.cuda_graphs import DecodeGraphs, block_table_array, flat_tokens, slot_mapping
 from osserve.engine.worker.kv_tensors import layer_groups
 from osserve.engine.worker.mixed_graphs import MixedGraphs
+from osserve.engine.worker.verify_graphs import VerifyGraphs, verify_layout
 from osserve.model.gpt_oss import GptOssForCausalLM, KVCache
 from osserve.ops.attention.metadata import AttentionMetadata, BlockTables, TreeMask
 
@@ -49,6 +50,7 @@ class StepLogits:
     greedy_host: torch.Tensor | None = None  # the same ids in pinned host memory, written by the step itself
     aux_hidden: torch.Tensor | None = None  # [T, k * hidden] the captured layers' outputs, every row (EAGLE3)
     hidden: torch.Tensor | None = None  # [T, hidden] the final norm's rows, every row (speculative steps)
+    entry_rows: list[int] | None = None  # each entry's first row in hidden / aux_hidden (None: packed in order)
 
 
 @dataclass
@@ -73,6 +75,7 @@ class ModelRunner:
         self.mixed: MixedGraphs | None = None
         # KV caches beside the model's, on a group's block tables: the EAGLE3 draft's (full group).
         self.extra_caches: dict[str, list[KVCache]] = {}
+        self.verify_graphs: VerifyGraphs | None = None  # speculative steps' forward (verify_graphs.py)
 
     def capture_decode_graphs(self, groups: list[str], max_model_len: int, max_batch: int,
                               mixed: bool = True) -> None:
@@ -208,8 +211,19 @@ class ModelRunner:
 
 
     def _run_speculative(self, entries: list[BatchEntry], capture: tuple[int, ...]) -> StepLogits:
-        """A step with drafts to verify or the draft model to feed: eager, every row of a
-        verified chunk sampled, the captured layers' outputs kept."""
+        """A step with drafts to verify or the draft model to feed: every row of a verified chunk
+        sampled, the captured layers' outputs kept; a CUDA graph where every request is at its last
+        token (verify_graphs.py), else eager."""
+        graphs = self.verify_graphs
+        size = graphs.size_for(len(entries)) if graphs is not None else None
+        if graphs is not None and size is not None and all(
+                e.sample and e.prev_row < 0 and len(e.token_ids) == 1 + e.num_drafts <= graphs.q for e in entries):
+            layout = verify_layout([e.token_ids for e in entries], [e.start_pos for e in entries],
+                                   [e.draft_depths for e in entries], [e.tree_bits for e in entries], graphs.q, size)
+            hidden, aux = graphs.run(layout, {g: [e.block_tables[g] for e in entries] for g in graphs.groups})
+            rows = np.flatnonzero(layout.real)  # real rows in entry order: every one is sampled
+            return StepLogits(self.model.compute_logits(hidden[self._to_device(rows)]), None, aux_hidden=aux,
+                              hidden=hidden, entry_rows=layout.entry_rows)
         inp = self.prepare(entries, speculative=True)
         if capture:
             hidden, aux = self.model.forward_capturing(inp.input_ids, inp.positions, inp.meta, self.kv_caches,
