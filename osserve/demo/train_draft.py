@@ -103,10 +103,11 @@ class DraftTrainer:
         aux = torch.cat([outs[i] for i in DRAFT_LAYERS], dim=-1)
         return aux, self.target.net.lm_head(final).softmax(-1)
 
-    def loss(self, batch: Batch) -> tuple[torch.Tensor, list[float]]:
-        """The TTT loss of a batch, and each step's top-1 agreement with the target. Every position
-        gives step 1 its keys; only the completion's rows are queried (the loss is there), so the
-        prompt costs fc and the k/v projections alone."""
+    def loss(self, batch: Batch, keep: list[torch.Tensor] | None = None) -> tuple[torch.Tensor, list[float]]:
+        """The TTT loss of a batch, and each step's top-1 agreement with the target (`keep`: a list
+        to append each step's log-probabilities [B, C, V] to). Every position gives step 1 its keys;
+        only the completion's rows are queried (the loss is there), so the prompt costs fc and the
+        k/v projections alone."""
         cfg, layer, d = self.cfg, self.draft.midlayer, self.draft
         assert d.fc is not None and d.lm_head is not None
         ids, rows = batch.ids, batch.rows  # [B, S], [B, C] positions of the completion rows
@@ -141,6 +142,8 @@ class DraftTrainer:
             prenorm = r + F.linear(F.silu(F.linear(y, mlp.gate_proj.weight)) * F.linear(y, mlp.up_proj.weight),
                                    mlp.down_proj.weight)
             logp = F.linear(rms(prenorm, d.norm.weight, eps), d.lm_head.weight).log_softmax(-1)
+            if keep is not None:
+                keep.append(logp.detach())
             # Row p guesses the token at p + k + 1: the target's distribution at position p + k.
             want = batch.probs[:, k - 1: k - 1 + rows.shape[1]].float()
             valid = batch.valid[:, k - 1: k - 1 + rows.shape[1]]

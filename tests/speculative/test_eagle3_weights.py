@@ -177,3 +177,22 @@ def test_dummy_draft_is_the_written_one() -> None:
     a = random_draft(TARGET, 3, torch.device("cpu"), torch.float32, SMALL)
     b = random_draft(TARGET, 3, torch.device("cpu"), torch.float32, SMALL)
     assert all(torch.equal(x, y) for x, y in zip(a.state_dict().values(), b.state_dict().values(), strict=True))
+
+
+def test_checkpoint_command_writes_a_draft_the_llm_serves(tiny_checkpoint: Path, tmp_path: Path,
+                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    from osserve import LLM, SamplingParams, cli
+
+    assert cli.main(["checkpoint", "--preset", "eagle3", "--target", str(tiny_checkpoint), "--out",
+                     str(tmp_path / "d"), "--seed", "4"]) == 0
+    assert "random EAGLE3 draft" in capsys.readouterr().out
+    assert cli.main(["checkpoint", "--preset", "eagle3", "--out", str(tmp_path / "e")]) == 1
+    assert "--preset eagle3 needs --target" in capsys.readouterr().err
+    params = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
+    spec = LLM(model=str(tiny_checkpoint), device="cpu", max_model_len=256,
+               speculative_config={"method": "eagle3", "model": str(tmp_path / "d"), "topk": 2,
+                                   "num_draft_tokens": 5})
+    plain = LLM(model=str(tiny_checkpoint), device="cpu", max_model_len=256)
+    assert [o.token_ids for o in spec.generate([[1, 2, 3], [7] * 20], params)] == \
+        [o.token_ids for o in plain.generate([[1, 2, 3], [7] * 20], params)]
+    assert spec.engine.stats().spec_num_drafts > 0
