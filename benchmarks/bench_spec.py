@@ -15,7 +15,11 @@ shape, 32000 draft tokens) accept almost nothing, so two kinds of numbers:
     gives the chosen AL, and the target verifies as always. The AL column is the one measured. At
     AL 1.0 speculation's auto-off (speculative/decoder.py) is what is measured.
 One engine per preset (the tree config, whose lookahead is the larger); `engine.spec` is swapped
-between none (plain), chain and tree. Tables print last; --out FILE writes them as JSON too.
+between none (plain), chain and tree. A random draft's head gives nearly flat distributions, so a
+tree's best nodes would all sit at depth 1 or 2 and no tree could reach AL 3; its head is scaled
+(--draft-confidence, default 8) so that, like a trained draft's, its top guesses stand out and its
+trees grow deep (the chain's argmax does not change). Tables print last; --out FILE writes them as
+JSON too.
 """
 
 from __future__ import annotations
@@ -154,6 +158,11 @@ def bench_preset(name: str, args: argparse.Namespace) -> tuple[list[dict[str, An
                                      max_model_len=args.input_len + args.output_len + 64, device=args.device,
                                      gpu_memory_utilization=args.gpu_memory_utilization, seed=args.seed))
     print(f"[{name}] engine built in {time.perf_counter() - t0:.0f} s", flush=True)
+    assert engine.spec is not None and isinstance(engine.spec.proposer, Eagle3Proposer)
+    head = engine.spec.proposer.draft.head
+    assert head is not None
+    with torch.no_grad():
+        head.mul_(args.draft_confidence)
     decoders = {"tree": engine.spec, "chain": decoder_for(engine, MODES["chain"])}
     speed, cost = [], []
     for batch in args.batches:
@@ -208,6 +217,7 @@ def main() -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default=None)
     p.add_argument("--device", default=None, help="cpu: a dry run of the script (with --presets tiny)")
+    p.add_argument("--draft-confidence", type=float, default=8.0, help="the random draft's head scaled by this")
     args = p.parse_args()
     args.batches = [int(b) for b in args.batches.split(",")]
     args.al = [float(a) for a in args.al.split(",")]

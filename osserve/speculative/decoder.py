@@ -9,7 +9,7 @@ Which requests draft (the others, in the same steps, sample one token as without
 - not those asking for logprobs, penalties, forced tokens or an output grammar (their sampler
   needs each token before the next), nor one still short of min_tokens;
 - auto-off: a request whose drafts are mostly rejected pauses. Each verified step updates its mean
-  of accepted drafts (weight 1/4); below PAUSE_BELOW it drafts nothing for PAUSE_STEPS steps,
+  of accepted drafts (weight 1/8, from 0.8); below PAUSE_BELOW it drafts nothing for PAUSE_STEPS steps,
   doubling up to MAX_PAUSE while it keeps failing, so text the drafts cannot guess costs a probe
   now and then, not a verify every step. When every request pauses, steps run as without
   speculation (async scheduling, CUDA graphs).
@@ -33,10 +33,14 @@ from osserve.speculative.oracle import AcceptanceOracle
 from osserve.speculative.tree import DraftTree
 from osserve.speculative.verify import Verdict, VerifyRequest, verify
 
-PAUSE_BELOW = 0.4  # mean accepted drafts per verified step under which a request pauses
+# Auto-off's constants, a first guess to be tuned against benchmarks/bench_spec.py's AL-1.0 rows:
+# a request that accepts nothing pauses after 7 verified steps; at a mean acceptance length of 2
+# (one draft accepted a step) a pause needs a run of about ten rejected steps.
+PAUSE_BELOW = 0.3  # mean accepted drafts per verified step under which a request pauses
 PAUSE_STEPS = 16
 MAX_PAUSE = 256
-EMA_WEIGHT = 0.25
+EMA_WEIGHT = 0.125
+START_MEAN = 0.8
 
 
 @dataclass
@@ -56,7 +60,7 @@ class SpecStats:
 
 @dataclass
 class _Acceptance:
-    mean: float = 1.0
+    mean: float = START_MEAN
     paused_until: int = 0
     pause: int = PAUSE_STEPS
 

@@ -3,8 +3,9 @@
 Random weights accept almost no draft, so a speed measurement at a given acceptance length (AL)
 needs help. benchmarks/bench_spec.py sets `SpeculativeDecoder.oracle` to one of these after a plain
 run recorded each request's greedy output: the draft still runs (its cost is real), then along the
-tree each depth's token is set to the recorded one with probability `accept`, on a random branch,
-and at the first miss every sibling is made wrong. The target then verifies as usual (greedy), so
+tree each depth's token is set to the recorded one with probability `accept`, on one of the
+branches that reach deepest (a random one among them), and at the first miss every sibling is
+made wrong. The target then verifies as usual (greedy), so
 the output is the real greedy text and the mean AL is 1 + accept + accept^2 + ... + accept^depth.
 Where a request's output has left its recording (numerics), its drafts are left as drafted.
 """
@@ -48,11 +49,15 @@ class AcceptanceOracle:
             return tree
         tokens = list(tree.tokens)
         kids = tree.children()
+        below = [0] * len(tokens)  # each node's depth of subtree under it
+        for i in range(len(tokens) - 1, -1, -1):
+            below[i] = 1 + max((below[c] for c in kids.get(i, [])), default=0)
         u, at = -1, len(output)
         while at < len(cont) and kids.get(u):
             children = kids[u]
             correct = cont[at]
-            chosen = self.rng.choice(children)
+            deepest = max(below[c] for c in children)
+            chosen = self.rng.choice([c for c in children if below[c] == deepest])
             hit = self.rng.random() < self.accept
             for c in children:
                 if tokens[c] == correct and not (hit and c == chosen):
