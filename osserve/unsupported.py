@@ -2,8 +2,8 @@
 cannot honour, each refused at start with a message that says what osserve does instead, never
 dropped without a word.
 
-Two kinds. NOT_YET: features being built (speculative decoding, an fp8 KV cache, tool servers,
-data and pipeline parallelism); turning one on is deleting its entry here and wiring the
+Two kinds. NOT_YET: features being built (an fp8 KV cache, tool servers, data and pipeline
+parallelism); turning one on is deleting its entry here and wiring the
 value where the engine is assembled (engine/load.py) or the server started (server/run.py).
 NEVER: settings of machinery osserve does not have (torch.compile, other attention or MoE
 backends, other reasoning/tool-call parsers).
@@ -43,14 +43,6 @@ NOT_YET = [
     Refusal("enable_dp_attention", bool,
             "--enable-dp-attention is not supported yet; osserve splits attention by heads over the "
             "--tensor-parallel-size ranks"),
-    Refusal("speculative_config", lambda v: v is not None,
-            "--speculative-config is not supported yet; osserve decodes one token a step, without a draft model"),
-    Refusal("speculative_algorithm", lambda v: v is not None,
-            "--speculative-algorithm {value} is not supported yet; osserve decodes one token a step, without a "
-            "draft model"),
-    Refusal("speculative_draft_model_path", lambda v: v is not None,
-            "--speculative-draft-model-path is not supported yet; osserve decodes one token a step, without a "
-            "draft model"),
     Refusal("kv_cache_dtype", lambda v: v is not None and str(v).lower().startswith("fp8"),
             "--kv-cache-dtype {value} is not supported yet; osserve stores the KV cache in bf16 "
             "(--kv-cache-dtype auto)"),

@@ -161,7 +161,10 @@ class ParallelRunner(ModelRunner):
 
     @torch.inference_mode()
     def run(self, entries: list[BatchEntry], prev_tokens: torch.Tensor | None = None,
-            copies: list[BlockCopy] | None = None) -> StepLogits:
+            copies: list[BlockCopy] | None = None, speculative: bool = False,
+            capture: tuple[int, ...] = ()) -> StepLogits:
+        if speculative:  # build_engine refuses speculative decoding with several ranks
+            raise NotImplementedError("speculative steps over several ranks")
         ranks = self.ranks
         with ranks.busy():
             prev_len = -1 if prev_tokens is None else int(prev_tokens.shape[0])

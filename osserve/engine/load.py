@@ -10,7 +10,7 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -39,11 +39,14 @@ from osserve.model.resolve import resolve_model
 from osserve.model.weights import build_model, load_weights
 from osserve.ops.moe import swapped
 from osserve.ops.policy import detect, use_policy
+from osserve.speculative.config import SpeculativeConfig, resolve_speculative
+from osserve.speculative.setup import capture_speculative_graphs, draft_for, draft_kv_bytes, make_decoder
 from osserve.tokenizer import load_tokenizer
 from osserve.unsupported import refuse_unsupported
 
 if TYPE_CHECKING:
     from osserve.distributed.collectives import RankGroup
+    from osserve.speculative.decoder import SpeculativeDecoder
 
 log = logging.getLogger("osserve")
 
@@ -79,8 +82,14 @@ class EngineArgs:
     tp_one_device: bool = False  # every rank on the first GPU (tests of the sharded shapes on one GPU)
     # Parsed, refused when not None / "auto" until built (osserve/unsupported.py).
     kv_cache_dtype: str = "auto"
-    speculative_config: str | None = None
     portable_kernels: bool = False  # the portable Triton kernels on any GPU (ops/policy.py)
+    # speculative/config.py: vLLM's JSON (a dict from LLM(...)), or SGLang's flags
+    speculative_config: str | dict[str, Any] | None = None
+    speculative_algorithm: str | None = None
+    speculative_draft_model_path: str | None = None
+    speculative_num_steps: int | None = None
+    speculative_eagle_topk: int | None = None
+    speculative_num_draft_tokens: int | None = None
     seed: int = 0
 
     @classmethod
@@ -105,6 +114,23 @@ def builtin_model_dir() -> Path:
     return target
 
 
+def builtin_draft_dir() -> Path | None:
+    """The built-in model's EAGLE3 draft (osserve/demo/), expanded once into the cache folder like
+    the model; None where this build ships none."""
+    from osserve.demo.weights import DEMO_DRAFT
+
+    if not DEMO_DRAFT.is_file():
+        return None
+    from osserve.demo.draft_compact import expand_draft
+
+    digest = hashlib.sha256(DEMO_DRAFT.read_bytes()).hexdigest()[:12]
+    cache = Path(os.environ.get("OSSERVE_CACHE_DIR", Path.home() / ".cache" / "osserve"))
+    target = cache / "models" / f"demo-draft-{digest}"
+    if not (target / "model.safetensors").is_file():
+        expand_draft(DEMO_DRAFT, target)
+    return target
+
+
 def resolve_device(name: str | None) -> torch.device:
     if name:
         return torch.device(name)
@@ -119,11 +145,15 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
 
 def build_engine(args: EngineArgs) -> LLMEngine:
     refuse_unsupported(args)
+    spec = resolve_speculative(args)
     device = resolve_device(args.device)
     cfg, model_dir = model_source(args)
     parallel = parallel_config(args)
+    if spec is not None and parallel.size > 1:
+        raise ConfigError("speculative decoding with --tensor-parallel-size > 1 is not supported yet: the draft "
+                          "and its verification run on one GPU", "speculative_config")
     if parallel.size == 1:
-        rank = build_rank(args, cfg, model_dir, device, None, None, ModelRunner)
+        rank = build_rank(args, cfg, model_dir, device, None, None, ModelRunner, spec)
     else:
         from osserve.distributed.parallel_runner import ParallelRunner, start_ranks
 
@@ -141,7 +171,7 @@ def build_engine(args: EngineArgs) -> LLMEngine:
     groups = [(g, cfg.sliding_window if g == "sliding" else None) for g in layer_groups(cfg)]
     kv = KVCacheManager(block_size=plan.block_size, num_blocks=plan.num_blocks, groups=groups,
                         enable_prefix_caching=rank.cache.enable_prefix_caching)
-    engine = LLMEngine(EngineParts(cfg, rank.cache, sched, rank.runner, kv, load_tokenizer()))
+    engine = LLMEngine(EngineParts(cfg, rank.cache, sched, rank.runner, kv, load_tokenizer(), rank.decoder))
     if device.type == "cuda":
         engine.warm_up()
     return engine
@@ -171,13 +201,15 @@ class RankParts:
     plan: KVPlan
     sched: SchedulerConfig
     cache: CacheConfig
+    decoder: SpeculativeDecoder | None = None  # rank 0's speculative decoding (one GPU only)
 
 
 MakeRunner = Callable[[GptOssForCausalLM, list[KVCache], int, torch.device], ModelRunner]
 
 
 def build_rank(args: EngineArgs, cfg: ModelConfig, model_dir: Path | None, device: torch.device,
-               layout: ShardLayout | None, group: RankGroup | None, make_runner: MakeRunner) -> RankParts:
+               layout: ShardLayout | None, group: RankGroup | None, make_runner: MakeRunner,
+               spec: SpeculativeConfig | None = None) -> RankParts:
     """Load the model (this rank's share of it, with `layout`), size and allocate its KV cache,
     and make its runner, with its CUDA graphs. With several ranks each one runs this at once (rank
     0 in build_engine, the others in distributed/worker.py): the collectives inside it (the KV
@@ -225,11 +257,19 @@ def build_rank(args: EngineArgs, cfg: ModelConfig, model_dir: Path | None, devic
 
     # On the GPU, in use once the weights are resident: weights, CUDA context, the allocator's fragments.
     in_use = device_memory(device).in_use if device.type == "cuda" else weights_bytes
+    draft = None
+    if spec is not None:
+        sched = replace(sched, speculative_slots=spec.max_drafts + spec.lookahead_slots)
+        builtin = builtin_draft_dir() if args.model is None and args.load_format != "dummy" else None
+        draft = draft_for(spec, model, device, dtype, args.load_format == "dummy", args.seed, builtin,
+                          sched.max_model_len + sched.speculative_slots + 1)
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
     budget = kv_budget_bytes(cache, device, sched)
     local = layout.local_config(cfg) if layout is not None else cfg  # this rank's kv heads
     if gpu_budget:
         refuse_small_kv_budget(budget, local, cache, sched, dtype)
-    plan = plan_kv_cache(local, cache, sched, budget, dtype)
+    plan = plan_kv_cache(local, cache, sched, budget, dtype, draft_kv_bytes(draft, cache.block_size, dtype))
     if group is not None:  # one scheduler hands out blocks for every rank: the smallest pool
         names = list(plan.num_blocks)
         plan = replace(plan, num_blocks=dict(zip(names, group.min_over_ranks([plan.num_blocks[g] for g in names]),
@@ -237,6 +277,7 @@ def build_rank(args: EngineArgs, cfg: ModelConfig, model_dir: Path | None, devic
     kv_tensors = allocate_kv_caches(local, plan, dtype, device)
     runner = make_runner(model, kv_tensors, plan.block_size, device)
     runner.policy = policy  # the kernels this engine was planned for (the flag, the device)
+    decoder = None if spec is None else make_decoder(spec, cfg, draft, plan, runner, dtype, sched.max_model_len)
     graphs_bytes = 0
     # gloo's collectives (tests on one GPU) cannot be captured: those steps run eagerly.
     if device.type == "cuda" and not args.enforce_eager and (group is None or group.backend == "nccl"):
@@ -244,6 +285,10 @@ def build_rank(args: EngineArgs, cfg: ModelConfig, model_dir: Path | None, devic
         largest = min(sched.max_num_seqs, args.max_cudagraph_capture_size or sched.max_num_seqs)
         runner.capture_decode_graphs(list(plan.num_blocks), sched.max_model_len, largest,
                                      mixed=not args.no_mixed_graphs)
+        if decoder is not None:
+            capture_speculative_graphs(decoder, runner, list(plan.num_blocks),
+                                       sched.max_model_len + sched.speculative_slots + 1,
+                                       min(largest, decoder.config.disable_by_batch_size), dtype)
         graphs_bytes = torch.cuda.memory_reserved(device) - before
     log.info(
         "memory plan%s: weights %.2f GiB (%.2f GiB in use after loading), KV cache %.2f GiB (%s blocks of %d "
@@ -257,7 +302,11 @@ def build_rank(args: EngineArgs, cfg: ModelConfig, model_dir: Path | None, devic
     )
     if rank0:
         log.info("%s", capacity(plan, sched.max_model_len))
-    return RankParts(runner, plan, sched, cache)
+    if spec is not None:
+        log.info("speculative decoding: %s, %d draft steps, top-%d, %d tokens verified a step, off above %d "
+                 "requests", spec.method, spec.num_speculative_tokens, spec.topk, spec.num_draft_tokens,
+                 spec.disable_by_batch_size)
+    return RankParts(runner, plan, sched, cache, decoder)
 
 
 def scheduler_config(args: EngineArgs, cfg: ModelConfig, device: torch.device) -> SchedulerConfig:

@@ -289,6 +289,31 @@ class GptOssForCausalLM(nn.Module):
             x, residual = add_rms_norm(h, residual, norm, eps)
         return x
 
+    def forward_capturing(
+        self,
+        input_ids: torch.Tensor,  # [T] int64
+        positions: torch.Tensor,  # [T] int64
+        meta: AttentionMetadata,
+        kv_caches: list[KVCache],
+        layers_to_capture: tuple[int, ...],
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """forward(), also returning the residual stream after each layer in `layers_to_capture`
+        (the output of layer k, before any norm: EAGLE3's auxiliary hidden states, in SGLang's and
+        SpecForge's numbering), concatenated: [T, len(layers_to_capture) * hidden]. A loop of its
+        own, so the plain forward does no work for it."""
+        layers: list[DecoderLayer] = list(self.model.layers)  # type: ignore[arg-type]
+        eps = self.config.rms_norm_eps
+        rope = self.rope_table
+        norms = [layer.input_layernorm.weight for layer in layers] + [self.model.norm.weight]
+        x, residual = embed_rms_norm(input_ids, self.model.embed_tokens.weight, norms[0], eps)
+        captured: dict[int, torch.Tensor] = {}
+        for k, (layer, kv, norm) in enumerate(zip(layers, kv_caches, norms[1:], strict=True)):
+            h, residual = layer(x, residual, positions, rope, meta, kv)
+            x, residual = add_rms_norm(h, residual, norm, eps)  # residual: layer k's output
+            if k in layers_to_capture:
+                captured[k] = residual
+        return x, torch.cat([captured[k] for k in layers_to_capture], dim=-1)
+
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden [N, hidden] -> logits [N, vocab] in float32."""
         return linear(hidden, self.lm_head.weight).float()

@@ -8,6 +8,7 @@ GPT-OSS page and its command generator)."""
 from __future__ import annotations
 
 import argparse
+import json
 import shlex
 from pathlib import Path
 from typing import Any
@@ -137,7 +138,10 @@ def test_recipe_config_files(tmp_path: Path) -> None:
                max_cudagraph_capture_size=2048, max_num_batched_tokens=8192, stream_interval=20)
     assert refused(line % "GPT-OSS_Blackwell.yaml") == [
         "--kv-cache-dtype fp8 is not supported yet; osserve stores the KV cache in bf16 (--kv-cache-dtype auto)"]
-    assert refused(line % "GPT-OSS_EAGLE3_Hopper.yaml")[0].startswith("--speculative-config is not supported yet")
+    eagle = settled(line % "GPT-OSS_EAGLE3_Hopper.yaml")
+    assert json.loads(eagle.speculative_config) == {"model": "nvidia/gpt-oss-120b-Eagle3-v2",
+                                                     "num_speculative_tokens": 3, "method": "eagle3",
+                                                     "draft_tensor_parallel_size": 1}
     # the command line wins over the file
     assert has(settled(line % "GPT-OSS_Hopper.yaml" + " --max-num-batched-tokens 1024"), max_num_batched_tokens=1024)
     (tmp_path / "bad.yaml").write_text("- a list\n")
@@ -157,6 +161,17 @@ ACCEPTED_SGLANG = [
     ("python -m sglang.launch_server --model openai/gpt-oss-20b --attention-backend triton "
      "--moe-runner-backend triton --enforce-disable-flashinfer-allreduce-fusion",
      dict(attention_backend="triton", moe_runner_backend="triton")),
+    # the SGLang gpt-oss post's speculative decoding, chain and tree (on one GPU)
+    ("python3 -m sglang.launch_server --model openai/gpt-oss-120b --speculative-algorithm EAGLE3 "
+     "--speculative-draft-model-path lmsys/EAGLE3-gpt-oss-120b-bf16 --speculative-num-steps 3 "
+     "--speculative-eagle-topk 1 --speculative-num-draft-tokens 4",
+     dict(speculative_algorithm="EAGLE3", speculative_draft_model_path="lmsys/EAGLE3-gpt-oss-120b-bf16",
+          speculative_num_steps=3, speculative_eagle_topk=1, speculative_num_draft_tokens=4)),
+    ("python3 -m sglang.launch_server --model openai/gpt-oss-120b --speculative-algo EAGLE3 --speculative-draft "
+     "lmsys/EAGLE3-gpt-oss-120b-bf16 --speculative-num-steps 5 --speculative-eagle-topk 4 "
+     "--speculative-num-draft-tokens 8 --attention-backend triton",
+     dict(speculative_algorithm="EAGLE3", speculative_num_steps=5, speculative_eagle_topk=4,
+          speculative_num_draft_tokens=8)),
     ("python3 -m sglang.launch_server --model-path openai/gpt-oss-120b --tp 1 --mem-fraction-static 0.85 "
      "--context-length 32768 --max-running-requests 64 --disable-radix-cache --disable-cuda-graph",
      dict(tensor_parallel_size=1, gpu_memory_utilization=0.85, max_model_len=32768, max_num_seqs=64,
@@ -169,14 +184,6 @@ ACCEPTED_SGLANG = [
 ]
 
 REFUSED_SGLANG = [
-    ("python3 -m sglang.launch_server --model openai/gpt-oss-120b --speculative-algorithm EAGLE3 "
-     "--speculative-draft-model-path lmsys/EAGLE3-gpt-oss-120b-bf16 --speculative-num-steps 3 "
-     "--speculative-eagle-topk 1 --speculative-num-draft-tokens 4 --tp 4",
-     "--speculative-algorithm EAGLE3 is not supported yet"),
-    ("python3 -m sglang.launch_server --model openai/gpt-oss-120b --speculative-algo EAGLE3 --speculative-draft "
-     "lmsys/EAGLE3-gpt-oss-120b-bf16 --speculative-num-steps 5 --speculative-eagle-topk 4 "
-     "--speculative-num-draft-tokens 8 --attention-backend triton --tp 4",
-     "--speculative-draft-model-path is not supported yet"),
     ("python3 -m sglang.launch_server --model-path openai/gpt-oss-120b --tool-server demo --tp 2",
      "--tool-server is not supported yet"),
     ("python -m sglang.launch_server --model-path openai/gpt-oss-120b --tool-server ip-1:port-1,ip-2:port-2 --tp 2",
@@ -242,5 +249,6 @@ def test_version_and_grouped_help(capsys: pytest.CaptureFixture[str]) -> None:
         cli.main(["serve", "--help"])
     out = capsys.readouterr().out
     heads = [line for line in out.splitlines() if line and not line.startswith(" ") and line.endswith(":")]
-    assert heads[1:6] == ["model:", "engine:", "engine: parallelism:", "engine: speculative decoding, backends, other "
-                          "parallelism (refused with a reason):", "server:"] and heads[-1] == "tools:"
+    assert heads[1:7] == ["model:", "engine:", "engine: parallelism:", "engine: speculative decoding:",
+                          "engine: backends, other parallelism (refused with a reason):", "server:"]
+    assert heads[-1] == "tools:"

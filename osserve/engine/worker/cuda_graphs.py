@@ -209,6 +209,15 @@ def slot_mapping(rows: np.ndarray, seq_of_token: np.ndarray, pos: np.ndarray, bl
     return rows[seq_of_token, pos // block_size].astype(np.int64) * block_size + pos % block_size
 
 
+def bounded_slot_mapping(rows: np.ndarray, seq_of_token: np.ndarray, pos: np.ndarray, block_size: int) -> np.ndarray:
+    """slot_mapping where a position may lie past its sequence's blocks: -1 there (no write).
+    Speculative steps pad requests to a fixed number of rows (verify_graphs.py)."""
+    col = pos // block_size
+    inside = col < rows.shape[1]
+    blocks = np.where(inside, rows[seq_of_token, np.minimum(col, rows.shape[1] - 1)], -1).astype(np.int64)
+    return np.where(blocks >= 0, blocks * block_size + pos % block_size, -1)
+
+
 def block_table_array(tables: list[list[int]], num_rows: int) -> np.ndarray:
     """[num_rows, longest table] int32, each table left-aligned, -1 elsewhere.
 
