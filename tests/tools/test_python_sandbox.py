@@ -76,12 +76,16 @@ def test_writes_stay_inside_the_sandbox(tmp_path: Path) -> None:
              f"open({str(ROOT / 'pyproject.toml')!r}, 'a').write('x')",
              "import os\nos.makedirs('/mnt/data/sub', exist_ok=True)\nn = open('/mnt/data/sub/f', 'w').write('kept')",
              "print(open('/mnt/data/sub/f').read())")
+    before = (ROOT / "pyproject.toml").read_bytes()
     private_tmp, elsewhere, repo_file, scratch, scratch_again = in_session(*cells)
     assert private_tmp == "x\n"  # /tmp inside is the session's own
     assert not Path(f"/tmp/{name}").exists()
-    assert ("FileNotFoundError" in elsewhere or "Read-only file system" in elsewhere) and not outside.exists()
-    assert "FileNotFoundError" in repo_file or "Read-only file system" in repo_file
-    assert b"x" not in (ROOT / "pyproject.toml").read_bytes()[-2:]
+    # Which error depends on where the checkout lies (under /tmp the interpreter's folders are shown
+    # inside the scratch /tmp, in root-owned folders): the point is that none of the writes lands.
+    refused = ("FileNotFoundError", "Read-only file system", "PermissionError")
+    assert any(e in elsewhere for e in refused) and not outside.exists()
+    assert any(e in repo_file for e in refused), repo_file
+    assert (ROOT / "pyproject.toml").read_bytes() == before
     assert scratch.startswith("[WARN]") and scratch_again == "kept\n"
 
 
