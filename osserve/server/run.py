@@ -1,17 +1,23 @@
-"""Running the server from the command line: the engine (in this process, or its own), one HTTP
-process or several before it (api_servers.py), the start-up banner and the showcase."""
+"""Running the server from the command line: the tools checked, the engine (in this process, or
+its own), one HTTP process or several before it (api_servers.py), the start-up banner and the
+showcase."""
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import logging
 import threading
+from typing import TYPE_CHECKING
 
 from osserve import __version__
 from osserve.errors import ConfigError
 from osserve.model.card import ModelCard, model_card
 from osserve.model.resolve import resolve_model
 from osserve.server.app import ServerConfig, create_app
+
+if TYPE_CHECKING:
+    from osserve.tools.registry import ToolServerOptions
 
 log = logging.getLogger("osserve")
 
@@ -24,7 +30,11 @@ def run_server(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     name, card = served_model(args)
     config = ServerConfig(model_name=name, api_key=args.api_key, model_card=card,
-                          stream_interval=getattr(args, "stream_interval", 1))
+                          stream_interval=getattr(args, "stream_interval", 1),
+                          tool_servers=getattr(args, "tool_server", None),
+                          tool_options=_tool_options(args))
+    if config.runs_tools:
+        check_tools(config)  # before the engine loads: a tool that cannot start stops the server now
     count = args.api_server_count
     # On a GPU one HTTP process falls behind the engine: 20b served 18,084.2 / 18,760.9 tok/s with one,
     # 22,177.4 / 21,550.2 with two (H100, 2026-11-24, one call; BENCHMARKS.md, the 20b serving row).
@@ -45,6 +55,33 @@ def run_server(args: argparse.Namespace) -> int:
     finally:
         engine.shutdown()
     return 0
+
+
+def _tool_options(args: argparse.Namespace) -> ToolServerOptions | None:
+    if not hasattr(args, "tool_call_timeout"):
+        return None
+    from osserve.commands.tools import tool_server_options
+
+    return tool_server_options(args)
+
+
+def check_tools(config: ServerConfig) -> None:
+    """Starts the tools once and stops them: an unreachable MCP server, an unknown name or a python
+    tool that cannot be isolated is a ToolSetupError naming it (the command prints it, exit 1).
+    Each HTTP process then starts tools of its own (app.py)."""
+    from osserve.tools.registry import ToolServers
+
+    async def start_and_stop() -> list[str]:
+        servers = await ToolServers.start(config.tool_servers, config.tool_options)
+        try:
+            return list(servers.namespaces())
+        finally:
+            await servers.close()
+
+    names = asyncio.run(start_and_stop())
+    allowed = config.tool_options.allowed_server_urls if config.tool_options else ()
+    log.info("tools for the Responses API: %s%s", ", ".join(names) or "none",
+             f"; MCP URLs a request may name: {', '.join(allowed)}" if allowed else "")
 
 
 def served_model(args: argparse.Namespace) -> tuple[str, ModelCard]:

@@ -6,73 +6,24 @@ recipients to each tool."""
 from __future__ import annotations
 
 import asyncio
-import logging
-import socket
-import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-import uvicorn
 
 from osserve.errors import ToolSetupError
 from osserve.tools.mcp_client import connect_mcp_server, harmony_schema
 from osserve.tools.python.sandbox import SandboxLimits
 from osserve.tools.registry import ToolServerOptions, ToolServers, parse_tool_servers
-
-
-def make_server() -> Any:
-    from mcp.server.mcpserver import MCPServer
-
-    server = MCPServer("calc server", instructions="Arithmetic on integers.")
-
-    @server.tool()
-    def add(a: int, b: int, note: str | None = None) -> int:
-        """Add two integers."""
-        return a + b
-
-    @server.tool()
-    def fail(reason: str) -> str:
-        """Always raises."""
-        raise RuntimeError(f"failing on purpose: {reason}")
-
-    @server.tool()
-    async def hang() -> str:
-        """Never answers in time."""
-        await asyncio.sleep(30)
-        return "late"
-
-    return server
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+from tests.tools.mcp_servers import free_port, running_mcp_server
 
 
 @pytest.fixture(scope="module")
 def mcp_urls() -> Iterator[dict[str, str]]:
     """The same MCP server over streamable HTTP and over SSE, each on a port of its own."""
-    logging.getLogger("mcp").setLevel(logging.CRITICAL)
-    server = make_server()
-    running = []
-    urls = {}
-    for kind, app, path in (("http", server.streamable_http_app(), "/mcp"), ("sse", server.sse_app(), "/sse")):
-        port = free_port()
-        uv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="critical"))
-        threading.Thread(target=uv.run, daemon=True).start()
-        deadline = time.monotonic() + 20
-        while not uv.started and time.monotonic() < deadline:
-            time.sleep(0.02)
-        assert uv.started
-        running.append(uv)
-        urls[kind] = f"http://127.0.0.1:{port}{path}"
-    yield urls
-    for uv in running:
-        uv.should_exit = True
+    with running_mcp_server() as urls:
+        yield urls
 
 
 def run(coro: Any) -> Any:
