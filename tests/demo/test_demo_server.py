@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from openai import OpenAI
 
-from osserve.demo.compact import expand_compact
+from osserve.demo.compact import corpus_version, expand_compact
 from osserve.demo.corpus import TIME_TOOL, WEATHER_TOOL
 from osserve.demo.evaluate import AskRequest, Reply, evaluate, fake_service, heldout_examples
 from osserve.demo.showcase import chat_tools, run_showcase
@@ -54,7 +54,7 @@ def _message_dict(m: Any) -> dict[str, Any]:
 
 def test_heldout_prompts_through_the_server(base: str) -> None:
     """>= 90% exactly right final answers, >= 95% valid tool calls, on prompts training never saw."""
-    pool = heldout_examples(400)
+    pool = heldout_examples(400, version=corpus_version(DEMO_WEIGHTS))  # the corpus the shipped weights learned
     tool_prompts = [ex for ex in pool if ex.tool_call is not None][:30]
     others = [ex for ex in pool if ex.tool_call is None][:80]
     client = _client(base)
@@ -152,6 +152,9 @@ def test_showcase_shows_reasoning_an_answer_and_a_tool_round_trip(base: str) -> 
     r = shown.tool_result
     assert shown.tool_answer == f"It is {r['temperature_c']}°C and {r['condition']} in Paris."
     assert any("tool call: get_weather" in line for line in lines)
+    # Without --tool-server the python round trip says why it is not shown (test_demo_tools runs it).
+    assert not shown.python and any(line.startswith("(no python round trip: ") and "--tool-server demo" in line
+                                    for line in lines)
 
 
 def test_builtin_model_is_the_demo_expanded_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -156,7 +156,7 @@ def test_mcp_calls_an_error_and_list_tools_streamed(base: str, stub: ScriptedEng
     names = [e["type"] for e in events]
     assert names[2:6] == ["response.output_item.added", "response.mcp_list_tools.in_progress",
                           "response.mcp_list_tools.completed", "response.output_item.done"]
-    assert [t["name"] for t in events[5]["item"]["tools"]] == ["add", "fail", "hang"]
+    assert [t["name"] for t in events[5]["item"]["tools"]] == ["add", "square", "fail", "hang"]
     mcp_events = [n for i, n in enumerate(names) if n.startswith("response.mcp_call") and names[i - 1] != n]
     assert mcp_events == ["response.mcp_call.in_progress", "response.mcp_call_arguments.delta",
                           "response.mcp_call_arguments.done", "response.mcp_call.completed",

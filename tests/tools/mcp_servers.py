@@ -10,12 +10,15 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import Annotated, Any
 
 import uvicorn
+from pydantic import Field  # at module level: the SDK reads the tools' annotations in this module's globals
 
 
 def make_server() -> Any:
+    """Tools whose arguments a random-weight model, forced to call them, can write to the end:
+    `square` and `fail` take bounded arguments (a forced call's grammar follows the schema)."""
     from mcp.server.mcpserver import MCPServer
 
     server = MCPServer("calc server", instructions="Arithmetic on integers.")
@@ -26,7 +29,12 @@ def make_server() -> Any:
         return a + b
 
     @server.tool()
-    def fail(reason: str) -> str:
+    def square(n: Annotated[int, Field(ge=0, le=99)]) -> int:
+        """Square a small integer."""
+        return n * n
+
+    @server.tool()
+    def fail(reason: Annotated[str, Field(max_length=8)]) -> str:
         """Always raises."""
         raise RuntimeError(f"failing on purpose: {reason}")
 

@@ -40,7 +40,7 @@ def test_lists_and_calls_tools(mcp_urls: dict[str, str], kind: str) -> None:
 
     server, added, failed, invalid, unknown, hung = run(go())
     assert server.label == "calc_server" and server.instructions == "Arithmetic on integers."
-    assert sorted(server.tools) == ["add", "fail", "hang"]
+    assert sorted(server.tools) == ["add", "fail", "hang", "square"]
     assert added.text == "5" and not added.is_error
     assert failed.is_error and "fail" in failed.text
     assert invalid.is_error and "validation error" in invalid.text
@@ -96,7 +96,7 @@ def test_registry_routes_recipients_to_every_tool(mcp_urls: dict[str, str]) -> N
 
     namespaces, results = run(go())
     assert sorted(namespaces) == ["browser", "calc_server", "python"]
-    assert [t.name for t in namespaces["calc_server"].tools] == ["add", "fail", "hang"]
+    assert [t.name for t in namespaces["calc_server"].tools] == ["add", "square", "fail", "hang"]
     added, failed, bad_json, not_object, search, opened, assign, value, function, bare, unknown = results
     assert (added.text, added.is_error) == ("42", False)
     assert failed.is_error

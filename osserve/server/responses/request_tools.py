@@ -58,8 +58,10 @@ class RequestTools:
         if self.python:
             specs.append(PYTHON)
         for label, server in self.mcp.items():
-            specs += [ToolSpec(f"{label}.{t.name}", t.input_schema if _compiles(t.input_schema) else None,
-                               recipient=f"{label}.{t.name}") for t in server.tools.values()]
+            for t in server.tools.values():
+                schema = closed(t.input_schema)
+                specs.append(ToolSpec(f"{label}.{t.name}", schema if _compiles(schema) else None,
+                                      recipient=f"{label}.{t.name}"))
         return specs
 
     def namespaces(self, servers: ToolServers | None) -> ToolNamespaces:
@@ -84,6 +86,14 @@ class RequestTools:
         if namespace in self.mcp and function:
             return "mcp"
         return "unknown"
+
+
+def closed(schema: dict[str, Any]) -> dict[str, Any]:
+    """An MCP tool's arguments as a forced call's grammar takes them: the properties it declares and
+    no others (JSON Schema's default would let a call add keys without end)."""
+    if schema.get("type") == "object" and "additionalProperties" not in schema and "properties" in schema:
+        return {**schema, "additionalProperties": False}
+    return schema
 
 
 @functools.lru_cache(maxsize=1024)
