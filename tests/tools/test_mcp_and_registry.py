@@ -175,3 +175,51 @@ def test_a_label_taken_by_a_builtin_is_refused(mcp_urls: dict[str, str], monkeyp
     monkeypatch.setattr(mcp_client, "list_server", named_python)
     with pytest.raises(ToolSetupError, match="reports the name `python`"):
         run(ToolServers.start(f"browser,{mcp_urls['http']}"))
+
+
+@pytest.mark.parametrize(("allowed", "asked", "ok"), [
+    ("http://mcp.example.com/mcp", "http://mcp.example.com/mcp", True),
+    ("http://mcp.example.com/mcp", "HTTP://MCP.Example.com/mcp/", True),  # scheme and host case, a trailing slash
+    ("http://mcp.example.com/mcp", "http://mcp.example.com:80/mcp", False),  # a port is a port
+    ("http://mcp.example.com/mcp", "http://mcp.example.com/mcp/../admin", False),
+    ("http://mcp.example.com/mcp", "http://mcp.example.com.evil.net/mcp", False),
+    ("http://mcp.example.com/mcp", "http://user@mcp.example.com/mcp", False),  # credentials: only itself matches
+    ("http://mcp.example.com/mcp", "http://mcp.example.com/MCP", False),  # paths are case-sensitive
+    ("http://mcp.example.com/mcp", "https://mcp.example.com/mcp", False),
+    ("http://mcp.example.com/mcp", "file:///etc/passwd", False),
+])
+def test_the_url_allow_list_matches_exactly(allowed: str, asked: str, ok: bool) -> None:
+    servers = ToolServers(None, None, [], ToolServerOptions(allowed_server_urls=(allowed,)))
+    assert servers.allows(asked) is ok
+
+
+def test_a_request_named_url_is_listed_once_and_a_started_one_is_allowed(mcp_urls: dict[str, str]) -> None:
+    async def go() -> tuple[Any, ...]:
+        servers = await ToolServers.start(mcp_urls["http"], ToolServerOptions(allowed_server_urls=(mcp_urls["sse"],)))
+        try:
+            named = await servers.url_server(mcp_urls["sse"] + "/")
+            again = await servers.url_server(mcp_urls["sse"])
+            started = await servers.url_server(mcp_urls["http"])
+            return named, again, started, servers.mcp["calc_server"]
+        finally:
+            await servers.close()
+
+    named, again, started, configured = run(go())
+    assert named is again and named.url == mcp_urls["sse"] + "/" and "square" in named.tools
+    assert started is configured  # a --tool-server URL is allowed, and is that server
+    relabeled = named.relabeled("mine")
+    assert relabeled.label == "mine" and relabeled.namespace_config().name == "mine"
+
+
+def test_an_unreachable_allowed_url_is_an_error_naming_it() -> None:
+    url = f"http://127.0.0.1:{free_port()}/mcp"
+
+    async def go() -> None:
+        servers = await ToolServers.start(None, ToolServerOptions(allowed_server_urls=(url,), mcp_connect_timeout=5))
+        try:
+            await servers.url_server(url)
+        finally:
+            await servers.close()
+
+    with pytest.raises(ToolSetupError, match=f"MCP server {url} is unreachable"):
+        run(go())
