@@ -19,7 +19,10 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     ck = sub.add_parser("checkpoint", help="write a random-weight checkpoint in the HF layout")
-    ck.add_argument("--preset", choices=PRESETS, required=True)
+    ck.add_argument("--preset", choices=(*PRESETS, "eagle3"), required=True,
+                    help="a gpt-oss shape, or eagle3: an EAGLE3 draft (SpecForge's layout) sized for --target")
+    ck.add_argument("--target", default=None, metavar="MODEL",
+                    help="with --preset eagle3: the gpt-oss checkpoint folder or Hugging Face id the draft serves")
     ck.add_argument("--out", required=True)
     ck.add_argument("--seed", type=int, default=0)
 
@@ -81,15 +84,31 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     return args
 
 
+def write_random_checkpoint(args: argparse.Namespace) -> int:
+    from osserve.config import ModelConfig, preset
+
+    if args.preset == "eagle3":
+        from osserve.errors import ConfigError
+        from osserve.model.eagle3_weights import write_random_draft
+        from osserve.model.resolve import resolve_model
+
+        if args.target is None:
+            raise ConfigError("--preset eagle3 needs --target: the gpt-oss checkpoint the draft is for", "target")
+        target = ModelConfig.from_pretrained(resolve_model(args.target).path)
+        out = write_random_draft(target, args.out, seed=args.seed)
+        print(f"wrote a random EAGLE3 draft for {args.target} to {out}")
+        return 0
+    from osserve.model.checkpoint import write_checkpoint
+
+    out = write_checkpoint(preset(args.preset), args.out, seed=args.seed)
+    print(f"wrote {args.preset} checkpoint to {out}")
+    return 0
+
+
 def _main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     if args.command == "checkpoint":
-        from osserve.config import preset
-        from osserve.model.checkpoint import write_checkpoint
-
-        out = write_checkpoint(preset(args.preset), args.out, seed=args.seed)
-        print(f"wrote {args.preset} checkpoint to {out}")
-        return 0
+        return write_random_checkpoint(args)
     if args.command == "generate":
         from osserve.commands.generate import run_generate
 

@@ -282,3 +282,6 @@ class SchedulerConfig:
     # Schedule and launch step N+1 while step N runs on the device (its sampled tokens stay
     # there, the next step reads them in place); the host reads step N's tokens afterwards.
     async_scheduling: bool = True
+    # Speculative decoding: KV slots a request may hold past its tokens (its drafts and the draft
+    # model's guesses), counted when checking that a request can ever fit the cache.
+    speculative_slots: int = 0

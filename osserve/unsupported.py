@@ -2,9 +2,9 @@
 cannot honour, each refused at start with a message that says what osserve does instead, never
 dropped without a word.
 
-Two kinds. NOT_YET: features being built (tensor parallelism, speculative decoding, an fp8 KV
-cache, data parallelism); turning one on is deleting its entry here and wiring the
-value where the engine is assembled (engine/load.py) or the server started (server/run.py).
+Two kinds. NOT_YET: features being built (an fp8 KV cache, data and pipeline parallelism);
+turning one on is deleting its entry here and wiring the value where the engine is assembled
+(engine/load.py) or the server started (server/run.py).
 NEVER: settings of machinery osserve does not have (torch.compile, other attention or MoE
 backends, other reasoning/tool-call parsers).
 
@@ -34,24 +34,15 @@ class Refusal:
 
 
 NOT_YET = [
-    Refusal("tensor_parallel_size", lambda v: v not in (None, 1),
-            "--tensor-parallel-size {value} is not supported yet; osserve runs the model on one GPU "
-            "(--tensor-parallel-size 1): the 120b fits one 80 GB H100"),
     Refusal("pipeline_parallel_size", lambda v: v not in (None, 1),
-            "--pipeline-parallel-size {value} is not supported yet; osserve runs the model on one GPU"),
+            "--pipeline-parallel-size {value} is not supported yet; osserve splits a model over the GPUs of "
+            "one host by tensor parallelism (--tensor-parallel-size N)"),
     Refusal("data_parallel_size", lambda v: v not in (None, 1),
             "--data-parallel-size {value} is not supported yet; run {value} osserve servers (one per GPU) "
             "behind a load balancer"),
     Refusal("enable_dp_attention", bool,
-            "--enable-dp-attention is not supported yet; osserve runs one attention rank on one GPU"),
-    Refusal("speculative_config", lambda v: v is not None,
-            "--speculative-config is not supported yet; osserve decodes one token a step, without a draft model"),
-    Refusal("speculative_algorithm", lambda v: v is not None,
-            "--speculative-algorithm {value} is not supported yet; osserve decodes one token a step, without a "
-            "draft model"),
-    Refusal("speculative_draft_model_path", lambda v: v is not None,
-            "--speculative-draft-model-path is not supported yet; osserve decodes one token a step, without a "
-            "draft model"),
+            "--enable-dp-attention is not supported yet; osserve splits attention by heads over the "
+            "--tensor-parallel-size ranks"),
     Refusal("kv_cache_dtype", lambda v: v is not None and str(v).lower().startswith("fp8"),
             "--kv-cache-dtype {value} is not supported yet; osserve stores the KV cache in bf16 "
             "(--kv-cache-dtype auto)"),

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import statistics
 import time
 from dataclasses import asdict, dataclass, replace
@@ -86,6 +87,8 @@ def run_once(engine: LLMEngine, batch: int, input_len: int, output_len: int, see
 
 
 def run_bench_latency(args: argparse.Namespace) -> int:
+    # The memory plan and the kernels it runs (engine/load.py's log lines) belong with the figures.
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     engine = build_engine(EngineArgs.from_namespace(args))
     schema = load_schema(getattr(args, "json_schema", None))
     for w in range(args.warmup):

@@ -75,6 +75,10 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
                                                 "--max-num-seqs); larger batches run eagerly")
     g.add_argument("--no-mixed-graphs", action="store_true",
                    help="no CUDA graphs for steps that mix new prompts with decodes (they run eagerly)")
+    g.add_argument("--portable-kernels", action="store_true",
+                   help="the portable Triton kernels on any GPU, not the Hopper ones (Gluon MoE, programmatic "
+                        "dependent launch, sm_90 PTX); the default on GPUs other than sm_90 (also: "
+                        "OSSERVE_PORTABLE_KERNELS=1)")
     g.add_argument("--async-scheduling", dest="no_async_scheduling", action="store_false",
                    help="schedule step N+1 while step N runs on the GPU (the default)")
     g.add_argument("--no-async-scheduling", "--disable-overlap-schedule", dest="no_async_scheduling",
@@ -83,21 +87,38 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
                    help="while requests decode, let newcomers gather this long (or 32 of them) before a "
                         "prefill joins the batch: more decode-only (CUDA-graph) steps, a little more TTFT")
     g.add_argument("--seed", type=int, metavar="N", default=0)
-    g = p.add_argument_group("engine: parallelism, speculative decoding, backends (refused with a reason)")
+    g = p.add_argument_group("engine: parallelism")
     g.add_argument("--tensor-parallel-size", "-tp", "--tp", "--tp-size", dest="tensor_parallel_size",
-                   type=int, metavar="N", default=1, help="GPUs per model: 1 (more is not supported yet)")
+                   type=int, metavar="N", default=1,
+                   help="GPUs of this host the model is split over (1, 2, 4 or 8): attention by heads, each "
+                        "expert by its columns; one process a GPU")
+    g.add_argument("--enable-expert-parallel", action="store_true",
+                   help="with --tensor-parallel-size N: split the experts over the GPUs (E/N whole experts "
+                        "each) instead of each expert's columns")
+    g.add_argument("--nccl-port", type=int, metavar="N", default=None,
+                   help="the GPUs' rendezvous port on 127.0.0.1 (default: a free one)")
+    g = p.add_argument_group("engine: speculative decoding")
+    g.add_argument("--speculative-config", default=None, metavar="JSON",
+                   help='speculative decoding, vLLM\'s JSON: {"method": "eagle3", "model": DRAFT, '
+                        '"num_speculative_tokens": 3, "topk": 1, "num_draft_tokens": 4} or {"method": "ngram", '
+                        '"num_speculative_tokens": 3, "prompt_lookup_max": 5}; "disable_by_batch_size": N turns it '
+                        'off above N running requests (default 32); with the built-in model {"method": "eagle3"} '
+                        'uses its shipped draft')
+    g.add_argument("--speculative-algorithm", "--speculative-algo", dest="speculative_algorithm", default=None,
+                   metavar="NAME", help="SGLang's: EAGLE3 or NGRAM (the same as --speculative-config's method)")
+    g.add_argument("--speculative-draft-model-path", "--speculative-draft", dest="speculative_draft_model_path",
+                   default=None, metavar="MODEL", help="SGLang's: the EAGLE3 draft (speculative-config's model)")
+    g.add_argument("--speculative-num-steps", type=int, metavar="N", default=None,
+                   help="SGLang's: draft steps (num_speculative_tokens)")
+    g.add_argument("--speculative-eagle-topk", type=int, metavar="N", default=None,
+                   help="SGLang's: branches per draft step (topk; 1: a chain)")
+    g.add_argument("--speculative-num-draft-tokens", type=int, metavar="N", default=None,
+                   help="SGLang's: tokens verified per request per step (num_draft_tokens)")
+    g = p.add_argument_group("engine: backends, other parallelism (refused with a reason)")
     g.add_argument("--pipeline-parallel-size", "-pp", dest="pipeline_parallel_size", type=int, metavar="N", default=1)
     g.add_argument("--data-parallel-size", "-dp", "--dp", "--dp-size", dest="data_parallel_size", type=int,
                    metavar="N", default=1)
     g.add_argument("--enable-dp-attention", action="store_true")
-    g.add_argument("--speculative-config", default=None, metavar="JSON", help="vLLM's JSON (not supported yet)")
-    g.add_argument("--speculative-algorithm", "--speculative-algo", dest="speculative_algorithm", default=None,
-                   metavar="NAME")
-    g.add_argument("--speculative-draft-model-path", "--speculative-draft", dest="speculative_draft_model_path",
-                   default=None, metavar="MODEL")
-    g.add_argument("--speculative-num-steps", type=int, metavar="N", default=None)
-    g.add_argument("--speculative-eagle-topk", type=int, metavar="N", default=None)
-    g.add_argument("--speculative-num-draft-tokens", type=int, metavar="N", default=None)
     g.add_argument("--attention-backend", default=None, metavar="NAME", help="triton (osserve's own kernels)")
     g.add_argument("--moe-runner-backend", default=None, metavar="NAME", help="triton (osserve's own kernels)")
     g.add_argument("--enforce-disable-flashinfer-allreduce-fusion", action="store_true",
@@ -219,12 +240,21 @@ def settle(args: argparse.Namespace) -> list[str]:
             raise ConfigError(f"two models: {tag} and --model {args.model}", "model")
         args.model = tag
     refuse_unsupported(args)
+    check_speculative(args)
     names = getattr(args, "served_model_name", None)
     if isinstance(names, list):
         args.served_model_name = names[0]
     if getattr(args, "stream_interval", 1) < 1:
         raise ConfigError("--stream-interval must be at least 1", "stream_interval")
     return _notes(args)
+
+
+def check_speculative(args: argparse.Namespace) -> None:
+    """--speculative-config's JSON, or SGLang's flags, checked at start (a bad key stops it here)."""
+    if hasattr(args, "speculative_config"):
+        from osserve.speculative.config import resolve_speculative
+
+        resolve_speculative(args)
 
 
 def _notes(args: argparse.Namespace) -> list[str]:

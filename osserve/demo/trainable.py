@@ -116,8 +116,11 @@ class DemoTrainable(nn.Module):
             return fake_quantize_mxfp4(w1), fake_quantize_mxfp4(w2)
         return w1, w2
 
-    def forward(self, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Compact ids [B, S] -> (final hidden states [B, S, hidden], router balance loss)."""
+    def forward(self, ids: torch.Tensor, layer_outputs: list[torch.Tensor] | None = None,
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Compact ids [B, S] -> (final hidden states [B, S, hidden], router balance loss).
+        layer_outputs: a list to append each layer's output (the residual stream) to (the EAGLE3
+        draft trains on them: demo/train_draft.py)."""
         cfg, net = self.cfg, self.net
         b, s = ids.shape
         h = net.model.embed_tokens(ids)
@@ -137,6 +140,8 @@ class DemoTrainable(nn.Module):
             y, bal = self._moe(n, x.view(b * s, -1))
             h = h + y.view(b, s, -1)
             balance = balance + bal
+            if layer_outputs is not None:
+                layer_outputs.append(h)
         out = rms_norm_reference(h, net.model.norm.weight, cfg.rms_norm_eps)
         return out, balance / cfg.num_hidden_layers
 
@@ -160,3 +165,24 @@ class DemoTrainable(nn.Module):
         unused = math.log(self.full_vocab_size - len(self.vocab))
         logits = torch.cat((logits, logits.new_full((logits.shape[0], 1), unused)), dim=-1)
         return nn.functional.cross_entropy(logits, targets[mask]), balance
+
+
+def trainable_from_compact(path: str, device: str = "cpu") -> DemoTrainable:
+    """The shipped demo model (demo/compact.py's file) back in training form, its MXFP4 experts
+    dequantised: what the draft trains on (demo/train_draft.py)."""
+    from safetensors.torch import load_file
+
+    tensors = load_file(path)
+    vocab = tensors.pop("vocab").tolist()
+    model = DemoTrainable(DEMO_CONFIG, vocab, DEMO_CONFIG.vocab_size)
+    state = model.net.state_dict()
+    with torch.no_grad():
+        for name, t in tensors.items():
+            if "mlp.experts." in name and name.endswith(("_blocks", "_scales")):
+                continue
+            state[name].copy_(t.float())
+        for n in range(DEMO_CONFIG.num_hidden_layers):
+            x = f"model.layers.{n}.mlp.experts."
+            for name, param in (("gate_up_proj", model.gate_up[n]), ("down_proj", model.down[n])):
+                param.copy_(dequantize_mxfp4(tensors[x + name + "_blocks"], tensors[x + name + "_scales"]))
+    return model.to(device).eval().requires_grad_(False)

@@ -24,6 +24,12 @@ Such a request runs ahead like any other: where the step before it is still in f
 step's forward is launched first, then that step's tokens are read and fed to the matchers, then
 the masks are filled: the GPU is never idle for the grammar, the host waits once per step.
 
+With speculative decoding (speculative/decoder.py) a step in which some request holds or wants
+drafts runs `_spec_step`: the target verifies each request's drafts in the one forward, the tokens
+it keeps come back (one or more a request), a draft tree's accepted branch has its KV moved into
+place, and the proposer drafts the next step's tokens. Such steps are synchronous (the step in
+flight is finished first): the accepted counts decide the next step.
+
 AsyncEngine (engine/async_engine.py) runs this loop in a thread for the server; LLM
 (engine/llm.py) drives it directly for offline use.
 """
@@ -32,8 +38,10 @@ from __future__ import annotations
 
 import itertools
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
 from osserve.config import CacheConfig, ModelConfig, SchedulerConfig
@@ -46,6 +54,7 @@ from osserve.engine.core.scheduler import Scheduler, SchedulerOutput
 from osserve.engine.worker.runner import BatchEntry, ModelRunner
 from osserve.engine.worker.sampler import Sampler, SamplerOutput, SamplingBatch
 from osserve.errors import InvalidRequestError
+from osserve.speculative.decoder import SpeculativeDecoder
 from osserve.structured.grammar import grammar_text
 from osserve.structured.matchers import Grammars
 from osserve.tokenizer import Tokenizer
@@ -61,6 +70,7 @@ class EngineParts:
     runner: ModelRunner
     kv: KVCacheManager
     tokenizer: Tokenizer
+    speculative: SpeculativeDecoder | None = None
 
 
 @dataclass
@@ -111,7 +121,7 @@ class InFlightStep:
     copied: torch.cuda.Event | None  # marks the copy's end on a GPU
     profile: tuple[float, float, bool]  # (schedule s, launch s, has a prefill) of its launch
     grammar_dead: set[str] = field(default_factory=set)  # requests whose grammar allowed no token here
-    sampled: dict[str, int] | None = None  # its ids on the host, once read (_collect)
+    sampled: Mapping[str, int | list[int]] | None = None  # its ids on the host, once read (_collect)
 
 
 def can_run_ahead(params: SamplingParams, num_output_tokens: int) -> bool:
@@ -139,6 +149,8 @@ class LLMEngine:
         self.in_flight: InFlightStep | None = None
         self.grammars = Grammars(parts.model_config.vocab_size, pin_memory=self.runner.device.type == "cuda")
         self.compiling: dict[str, Request] = {}  # waiting for their grammar before they are scheduled
+        self.spec = parts.speculative
+        self.speculating = False  # the last step was a speculative one (its drafts may wait)
 
     @property
     def max_model_len(self) -> int:
@@ -219,6 +231,8 @@ class LLMEngine:
         self.prompt_tokens_total = self.generation_tokens_total = 0
         self.profile = StepProfile()
         self.kv.stats = KVCacheStats()
+        if self.spec is not None:
+            self.spec.reset_stats()
 
     # ------------------------------------------------------------------ the step
     def step(self) -> list[CompletionDelta]:
@@ -247,6 +261,12 @@ class LLMEngine:
         return deltas
 
     def _step(self) -> list[CompletionDelta]:
+        if self.spec is not None and self._spec_engaged():
+            flight = self.in_flight
+            if flight is None:
+                return self._spec_step()
+            self.in_flight = None
+            return self._finish(flight)  # drain: a speculative step needs every token known
         t0 = time.perf_counter()
         prev = self.in_flight
         ending = self._ending_in_flight() if prev is not None else set()
@@ -295,6 +315,10 @@ class LLMEngine:
         requests = self.requests
         for s in out.scheduled:
             req = requests[s.request_id]
+            if s.num_drafts:
+                entries.append(self._verify_entry(req, s.start, s.block_tables))
+                rows.append(req)
+                continue
             end = s.start + s.num_new_tokens
             tokens = [req.token_at(s.start)] if s.num_new_tokens == 1 else req.token_slice(s.start, end)
             prev_row = -1
@@ -307,6 +331,79 @@ class LLMEngine:
             if s.start < req.num_prompt_tokens:
                 prompt_tokens += min(end, req.num_prompt_tokens) - s.start
         return entries, rows, prompt_tokens
+
+    @staticmethod
+    def _verify_entry(req: Request, start: int, tables: dict[str, list[int]]) -> BatchEntry:
+        """A request's last token (the root) and its drafts, verified in one chunk."""
+        tree = req.drafts
+        assert tree is not None
+        chain = tree.is_chain
+        return BatchEntry([req.token_at(start), *tree.tokens], start, tables, True, num_drafts=len(tree),
+                          draft_depths=None if chain else tree.depths(),
+                          tree_bits=None if chain else tree.attention_bits())
+
+    # ------------------------------------------------------------------ speculative decoding
+    def _spec_engaged(self) -> bool:
+        """Whether the next step speculates; drafts left from the last speculative step are
+        dropped when it does not (they were meant for a step that verifies them)."""
+        assert self.spec is not None
+        sched = self.scheduler
+        free = max(0, self.scheduler_config.max_num_seqs - len(sched.running))
+        engaged = self.spec.engaged(sched.running, list(itertools.islice(sched.waiting, free)))
+        if self.speculating and not engaged:
+            for r in sched.running:
+                r.drafts = None
+        self.speculating = engaged
+        return engaged
+
+    def _spec_step(self) -> list[CompletionDelta]:
+        """One step of speculative decoding (module docstring); requests without drafts sample
+        their one token through the sampler as in any step (grammars, penalties, logprobs)."""
+        spec = self.spec
+        assert spec is not None
+        t0 = time.perf_counter()
+        out = self.scheduler.schedule(lookahead=spec.lookahead)
+        if not out.scheduled:
+            return []
+        t1 = time.perf_counter()
+        entries, rows, prompt_tokens = self._batch(out, None)
+        trees = {r.request_id: r.drafts for r in rows if r.drafts is not None}
+        step = self.runner.run(entries, None, out.block_copies, speculative=True, capture=spec.capture_layers)
+        self.scheduler.advance(out)
+        self.prompt_tokens_total += prompt_tokens
+        first, k = [], 0  # each sampling request's first logits row: its root's
+        for r in rows:
+            first.append(k)
+            k += 1 + (len(r.drafts) if r.drafts is not None else 0)
+        plain = [i for i, r in enumerate(rows) if r.drafts is None]
+        drafting = [i for i, r in enumerate(rows) if r.drafts is not None]
+        masks = self.grammars.masks([rows[i].request_id for i in plain]) if self.grammars.states else None
+        index = torch.tensor([first[i] for i in plain], dtype=torch.int64, device=step.logits.device)
+        result = self._launch_sample([rows[i] for i in plain], step.logits[index], None,
+                                     (masks.rows, masks.bits) if masks is not None else None)
+        sampled: dict[str, int | list[int]] = {}
+        if drafting:
+            index = torch.tensor([j for i in drafting for j in range(first[i], first[i] + 1 + len(trees[
+                rows[i].request_id]))], dtype=torch.int64, device=step.logits.device)
+            verdicts = spec.verify(step.logits[index], [rows[i] for i in drafting], self.generators)
+            by_id = {rows[i].request_id: v for i, v in zip(drafting, verdicts, strict=True)}
+            sampled.update((rid, v.tokens) for rid, v in by_id.items())
+            self.runner.move_kv(spec.kv_moves(out, by_id, trees))
+        else:
+            by_id = {}
+        plain_rows = [rows[i] for i in plain]
+        flight = self._in_flight(out, plain_rows, result, (t1 - t0, time.perf_counter() - t1, True))
+        plain_ids = result.token_ids.tolist() if result is not None else []
+        sampled.update((r.request_id, t) for r, t in zip(plain_rows, plain_ids, strict=True))
+        flight.sampled = sampled
+        if self.grammars.states:
+            flight.grammar_dead = {plain_rows[i].request_id for i in masks.dead} if masks is not None else set()
+            flight.grammar_dead |= self.grammars.accept({r.request_id: t for r, t in zip(plain_rows, plain_ids,
+                                                                                         strict=True)})
+        deltas = self._finish(flight, result)
+        offsets = step.entry_rows or np.cumsum([0] + [len(e.token_ids) for e in entries[:-1]]).tolist()
+        spec.propose(out, offsets, by_id, step.aux_hidden if spec.capture_layers else step.hidden, self.requests)
+        return deltas
 
     def _can_overlap(self, ending: set[str]) -> bool:
         """The next step may be launched before the one in flight is read: it will be decodes
@@ -398,16 +495,18 @@ class LLMEngine:
                          has_prefill=has_prefill, in_flight=step.out.tokens_pending)
         return deltas
 
-    def _collect(self, step: InFlightStep) -> dict[str, int]:
+    def _collect(self, step: InFlightStep) -> Mapping[str, int | list[int]]:
         """A step's sampled ids on the host (waiting for them once), fed to the grammars once.
-        A token a grammar rejects (none should pass its mask) ends that request at this step."""
+        A token a grammar rejects (none should pass its mask) ends that request at this step.
+        (A speculative step comes with its tokens, a list for each request that verified drafts.)"""
         if step.sampled is None:
             if step.copied is not None:
                 step.copied.synchronize()
             token_ids = step.host_ids.tolist()
-            step.sampled = {rid: token_ids[i] for rid, i in step.rows.items()}
+            sampled = {rid: token_ids[i] for rid, i in step.rows.items()}
+            step.sampled = sampled
             if self.grammars.states:  # only to the requests of this step (not a newcomer with a reused id)
-                live = {r.request_id: step.sampled[r.request_id] for r in step.requests
+                live = {r.request_id: sampled[r.request_id] for r in step.requests
                         if self.requests.get(r.request_id) is r}
                 step.grammar_dead |= self.grammars.accept(live)
         return step.sampled
@@ -423,10 +522,13 @@ class LLMEngine:
         self.generators.pop(delta.request_id, None)
         self.outputs.remove(delta.request_id)
         self.grammars.drop(delta.request_id)
+        if self.spec is not None:
+            self.spec.drop(delta.request_id)
         return delta
 
     def stats(self) -> EngineStats:
         s = self.scheduler.stats()
+        spec = self.spec.stats if self.spec is not None else None
         return EngineStats(
             num_running=s.num_running,
             num_waiting=s.num_waiting,
@@ -438,4 +540,8 @@ class LLMEngine:
             num_preemptions=s.num_preemptions,
             prompt_tokens_total=self.prompt_tokens_total,
             generation_tokens_total=self.generation_tokens_total,
+            spec_num_drafts=spec.num_drafts if spec is not None else 0,
+            spec_num_draft_tokens=spec.num_draft_tokens if spec is not None else 0,
+            spec_num_accepted_tokens=spec.num_accepted_tokens if spec is not None else 0,
+            spec_accepted_per_position=list(spec.accepted_per_position) if spec is not None else None,
         )

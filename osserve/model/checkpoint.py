@@ -19,6 +19,7 @@ from rich.progress import Progress
 from safetensors.torch import save_file
 
 from osserve.config import ModelConfig
+from osserve.model.gpt_oss import GptOssForCausalLM
 from osserve.model.weights import INDEX_FILE, checkpoint_layout
 
 # E2M1 codes drawn uniformly have an RMS of sqrt(mean(v^2)) over the 8 magnitudes.
@@ -144,12 +145,16 @@ def checkpoint_size_bytes(cfg: ModelConfig) -> int:
     return sum(math.prod(s) * d.itemsize for s, d in checkpoint_layout(cfg).values())
 
 
-def fill_random_weights(model: torch.nn.Module, cfg: ModelConfig, seed: int = 0) -> None:
+def fill_random_weights(model: GptOssForCausalLM, cfg: ModelConfig, seed: int = 0) -> None:
     """`--load-format dummy`: random weights of the real shapes generated straight on the model's
-    device, one tensor at a time, so a 120b needs no disk and no host copy."""
+    device, one tensor at a time, so a 120b needs no disk and no host copy. A model built with a
+    ShardLayout takes its rank's share of each: the same weights as the one-GPU model's."""
     targets = dict(model.named_parameters()) | dict(model.named_buffers())
     device = next(model.parameters()).device
+    layout = model.layout
+    if layout is not None:
+        from osserve.distributed.sharding import cut_tensor, rule_for
     with torch.no_grad():
         for name, tensor in random_tensors(cfg, seed, device):
-            targets[name].copy_(tensor)
+            targets[name].copy_(tensor if layout is None else cut_tensor(tensor, rule_for(name, cfg, layout)))
             del tensor

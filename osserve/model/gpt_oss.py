@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from osserve.config import ModelConfig
+from osserve.distributed.expert_routing import own_share
 from osserve.ops.attention.dispatch import paged_attention
 from osserve.ops.attention.metadata import AttentionMetadata
 from osserve.ops.dispatch import use_triton
@@ -31,6 +32,8 @@ from osserve.ops.router.counters import router_counters
 from osserve.ops.router.dispatch import add_norm_route_with_plan
 
 if TYPE_CHECKING:
+    from osserve.distributed.collectives import RankGroup
+    from osserve.distributed.layout import ShardLayout
     from osserve.ops.linear.head_triton import HostIds
 
 SLIDING_GROUP = "sliding"
@@ -47,19 +50,25 @@ class RMSNorm(nn.Module):
 
 
 class Attention(nn.Module):
-    """GQA attention with learned sinks; sliding-window layers see the last `window` tokens."""
+    """GQA attention with learned sinks; sliding-window layers see the last `window` tokens. On a
+    rank of several (distributed/layout.py) its heads are the rank's, and o_proj's output is its
+    partial sum, for the all-reduce after it."""
 
-    def __init__(self, cfg: ModelConfig, layer_idx: int) -> None:
+    def __init__(self, cfg: ModelConfig, layer_idx: int, layout: ShardLayout | None = None) -> None:
         super().__init__()
-        self.num_heads = cfg.num_attention_heads
-        self.num_kv_heads = cfg.num_key_value_heads
+        local = layout.local_config(cfg) if layout is not None else cfg
+        self.num_heads = local.num_attention_heads
+        self.num_kv_heads = local.num_key_value_heads
         self.head_dim = cfg.head_dim
-        self.q_proj = nn.Linear(cfg.hidden_size, cfg.q_size, bias=True)
-        self.k_proj = nn.Linear(cfg.hidden_size, cfg.kv_size, bias=True)
-        self.v_proj = nn.Linear(cfg.hidden_size, cfg.kv_size, bias=True)
-        self.o_proj = nn.Linear(cfg.q_size, cfg.hidden_size, bias=True)
-        self.sinks = nn.Parameter(torch.empty(cfg.num_attention_heads))
-        self.qkv_sizes = [cfg.q_size, cfg.kv_size, cfg.kv_size]
+        self.q_proj = nn.Linear(cfg.hidden_size, local.q_size, bias=True)
+        self.k_proj = nn.Linear(cfg.hidden_size, local.kv_size, bias=True)
+        self.v_proj = nn.Linear(cfg.hidden_size, local.kv_size, bias=True)
+        self.o_proj = nn.Linear(local.q_size, cfg.hidden_size, bias=True)
+        self.sinks = nn.Parameter(torch.empty(local.num_attention_heads))
+        self.qkv_sizes = [local.q_size, local.kv_size, local.kv_size]
+        # One rank: o_proj may leave K-split partials for the next norm to sum. Several: the
+        # all-reduce takes o_proj's output as one [T, hidden] tensor.
+        self.partial_output = layout is None
         # q, k and v as one weight (fuse_qkv, at load); None until then.
         self.qkv_weight: torch.Tensor | None
         self.qkv_bias: torch.Tensor | None
@@ -95,7 +104,7 @@ class Attention(nn.Module):
         )
         # Unreduced where the kernel splits K: the next add_rms_norm sums the partials.
         return linear(out.reshape(t, self.num_heads * self.head_dim), self.o_proj.weight, self.o_proj.bias,
-                      reduce=False)
+                      reduce=not self.partial_output)
 
     def fuse_qkv(self) -> None:
         """One [q + 2·kv, hidden] weight for the three projections: one GEMM instead of three. At
@@ -112,11 +121,14 @@ class Attention(nn.Module):
 
 
 class Experts(nn.Module):
-    """The experts of one layer, kept as stored: MXFP4 blocks and scales plus biases."""
+    """The experts of one layer, kept as stored: MXFP4 blocks and scales plus biases (on a rank of
+    several, its experts or its columns of each: distributed/layout.py)."""
 
-    def __init__(self, cfg: ModelConfig) -> None:
+    def __init__(self, cfg: ModelConfig, layout: ShardLayout | None = None) -> None:
         super().__init__()
         e, h, i = cfg.num_local_experts, cfg.hidden_size, cfg.intermediate_size
+        if layout is not None:
+            e, i = len(layout.experts), layout.intermediate
         u8 = torch.uint8
         self.gate_up_proj_blocks = nn.Buffer(torch.empty(e, 2 * i, h // 32, 16, dtype=u8))
         self.gate_up_proj_scales = nn.Buffer(torch.empty(e, 2 * i, h // 32, dtype=u8))
@@ -140,12 +152,16 @@ class Experts(nn.Module):
 
 
 class MLP(nn.Module):
-    """Router (top-k, softmax after top-k) and clamped-SwiGLU experts."""
+    """Router (top-k, softmax after top-k) and clamped-SwiGLU experts. On a rank of several the
+    router is whole and the output is the rank's partial sum (all-reduced by the caller); with
+    expert parallelism the rank runs only its own experts' share of each token's choices."""
 
-    def __init__(self, cfg: ModelConfig) -> None:
+    def __init__(self, cfg: ModelConfig, layout: ShardLayout | None = None) -> None:
         super().__init__()
         self.router = nn.Linear(cfg.hidden_size, cfg.num_local_experts, bias=True)
-        self.experts = Experts(cfg)
+        self.experts = Experts(cfg, layout)
+        self.partial_output = layout is None  # as Attention's
+        self.own_experts = layout.experts if layout is not None and layout.expert_parallel else None
         self.top_k = cfg.num_experts_per_tok
         self.swiglu_limit = cfg.swiglu_limit
         # The fused small-batch router's scratch: zero at rest, left zero by each call, so it
@@ -159,20 +175,29 @@ class MLP(nn.Module):
         and builds the MoE's routing plan (two launches fewer), and the MoE leaves its rows
         unreduced for the next add_rms_norm to sum (one more)."""
         experts = self.experts.weights()
+        if self.own_experts is not None:  # the router's plan would be over every expert: none wanted
+            x, residual, weights, ids, _ = add_norm_route_with_plan(
+                a, residual, norm_weight, eps, self.router.weight, self.router.bias, self.top_k,
+                self.router_counters, None)
+            weights, ids = own_share(weights, ids, self.own_experts)
+            return fused_moe(x, weights, ids, experts, self.swiglu_limit), residual
         x, residual, weights, ids, plan = add_norm_route_with_plan(
             a, residual, norm_weight, eps, self.router.weight, self.router.bias, self.top_k, self.router_counters,
             plan_block_m(experts, residual.shape[0], self.top_k))
-        return fused_moe(x, weights, ids, experts, self.swiglu_limit, reduce=False, plan=plan), residual
+        return fused_moe(x, weights, ids, experts, self.swiglu_limit, reduce=not self.partial_output,
+                         plan=plan), residual
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, cfg: ModelConfig, layer_idx: int) -> None:
+    def __init__(self, cfg: ModelConfig, layer_idx: int, layout: ShardLayout | None = None) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.self_attn = Attention(cfg, layer_idx)
+        self.self_attn = Attention(cfg, layer_idx, layout)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.mlp = MLP(cfg)
+        self.mlp = MLP(cfg, layout)
         self.eps = cfg.rms_norm_eps
+        # The ranks' group, set by GptOssForCausalLM.join (None: one rank, no all-reduce).
+        self.group: RankGroup | None = None
 
     def forward(
         self,
@@ -187,24 +212,39 @@ class DecoderLayer(nn.Module):
         embedding's gather or the last layer's residual add); residual: the stream they came from.
         Returns (this layer's MLP output, the residual stream before it): the next norm adds the two."""
         a = self.self_attn(x, positions, rope, meta, kv_cache)
-        return self.mlp(a, residual, self.post_attention_layernorm.weight, self.eps)
+        if self.group is None:
+            return self.mlp(a, residual, self.post_attention_layernorm.weight, self.eps)
+        # Several ranks: a plain all-reduce of each partial sum; the add + RMSNorm after it stay
+        # the one-rank kernels (fusing them into the all-reduce, as SGLang does, is not done yet).
+        h, residual = self.mlp(self.group.all_reduce(a), residual, self.post_attention_layernorm.weight, self.eps)
+        return self.group.all_reduce(h), residual
 
 
 class GptOssModel(nn.Module):
-    def __init__(self, cfg: ModelConfig) -> None:
+    def __init__(self, cfg: ModelConfig, layout: ShardLayout | None = None) -> None:
         super().__init__()
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(cfg, i) for i in range(cfg.num_hidden_layers))
+        self.layers = nn.ModuleList(DecoderLayer(cfg, i, layout) for i in range(cfg.num_hidden_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
 
 class GptOssForCausalLM(nn.Module):
-    def __init__(self, cfg: ModelConfig) -> None:
+    def __init__(self, cfg: ModelConfig, layout: ShardLayout | None = None) -> None:
+        """layout: the part of the model this rank holds when several ranks share it (config stays
+        the whole model's: the checkpoint's names and shapes)."""
         super().__init__()
         self.config = cfg
-        self.model = GptOssModel(cfg)
+        self.layout = layout
+        self.model = GptOssModel(cfg, layout)
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         self.build_buffers()
+
+    def join(self, group: RankGroup) -> None:
+        """Sum each layer's partial attention and MoE outputs over `group`'s ranks (one all-reduce
+        after each), as a model built with a ShardLayout must."""
+        layers: list[DecoderLayer] = list(self.model.layers)  # type: ignore[arg-type]
+        for layer in layers:
+            layer.group = group
 
     def build_buffers(self, device: torch.device | str | None = None) -> None:
         """(Re)make the non-persistent buffers on `device`: the RoPE cos/sin table for every
@@ -248,6 +288,31 @@ class GptOssForCausalLM(nn.Module):
             h, residual = layer(x, residual, positions, rope, meta, kv)
             x, residual = add_rms_norm(h, residual, norm, eps)
         return x
+
+    def forward_capturing(
+        self,
+        input_ids: torch.Tensor,  # [T] int64
+        positions: torch.Tensor,  # [T] int64
+        meta: AttentionMetadata,
+        kv_caches: list[KVCache],
+        layers_to_capture: tuple[int, ...],
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """forward(), also returning the residual stream after each layer in `layers_to_capture`
+        (the output of layer k, before any norm: EAGLE3's auxiliary hidden states, in SGLang's and
+        SpecForge's numbering), concatenated: [T, len(layers_to_capture) * hidden]. A loop of its
+        own, so the plain forward does no work for it."""
+        layers: list[DecoderLayer] = list(self.model.layers)  # type: ignore[arg-type]
+        eps = self.config.rms_norm_eps
+        rope = self.rope_table
+        norms = [layer.input_layernorm.weight for layer in layers] + [self.model.norm.weight]
+        x, residual = embed_rms_norm(input_ids, self.model.embed_tokens.weight, norms[0], eps)
+        captured: dict[int, torch.Tensor] = {}
+        for k, (layer, kv, norm) in enumerate(zip(layers, kv_caches, norms[1:], strict=True)):
+            h, residual = layer(x, residual, positions, rope, meta, kv)
+            x, residual = add_rms_norm(h, residual, norm, eps)  # residual: layer k's output
+            if k in layers_to_capture:
+                captured[k] = residual
+        return x, torch.cat([captured[k] for k in layers_to_capture], dim=-1)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden [N, hidden] -> logits [N, vocab] in float32."""

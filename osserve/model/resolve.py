@@ -11,6 +11,7 @@ osserve looked and what to do; nothing else is ever fetched in its place."""
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -36,12 +37,15 @@ class ResolvedModel:
     commit: str | None = None  # the Hub commit a snapshot holds
 
 
-def resolve_model(spec: str, revision: str | None = None, download_dir: str | None = None) -> ResolvedModel:
+def resolve_model(spec: str, revision: str | None = None, download_dir: str | None = None,
+                  check: Callable[[Path], None] | None = None) -> ResolvedModel:
     """A folder (checked), or a Hugging Face id from the cache or the Hub. `revision` is vLLM's
-    --revision (the same as `@REVISION`); `download_dir` its --download-dir (the Hub cache to use)."""
+    --revision (the same as `@REVISION`); `download_dir` its --download-dir (the Hub cache to use).
+    `check`: what the folder must hold (default: a gpt-oss checkpoint; EAGLE3 drafts pass theirs)."""
+    check = check or check_checkpoint
     folder = Path(spec).expanduser()
     if folder.is_dir():
-        check_checkpoint(folder)
+        check(folder)
         return ResolvedModel(folder, Path(os.path.abspath(folder)).name, "folder")  # links not followed
     repo, at, tag = spec.partition("@")
     if not _is_hub_id(repo) or (at and not tag):
@@ -49,7 +53,7 @@ def resolve_model(spec: str, revision: str | None = None, download_dir: str | No
                                "e.g. openai/gpt-oss-20b)", "model")
     if tag and revision and tag != revision:
         raise ConfigError(f"{spec}: names revision '{tag}' but --revision is '{revision}'", "revision")
-    return _from_hub(repo, tag or revision, hub_cache_dir(download_dir))
+    return _from_hub(repo, tag or revision, hub_cache_dir(download_dir), check)
 
 
 def check_checkpoint(folder: Path) -> None:
@@ -103,13 +107,13 @@ def _is_hub_id(repo: str) -> bool:
     return True
 
 
-def _from_hub(repo: str, revision: str | None, cache: Path) -> ResolvedModel:
+def _from_hub(repo: str, revision: str | None, cache: Path, check: Callable[[Path], None]) -> ResolvedModel:
     where = f"the Hugging Face cache ({cache})"
     cached = _cached_snapshot(repo, revision, cache)
     problem = None
     if cached is not None:
         try:
-            check_checkpoint(cached)
+            check(cached)
             return ResolvedModel(cached, repo, "hub cache", cached.name)
         except ConfigError as e:
             problem = e.message
@@ -118,7 +122,7 @@ def _from_hub(repo: str, revision: str | None, cache: Path) -> ResolvedModel:
         raise ConfigError(f"{repo}: {found}, and HF_HUB_OFFLINE is set, so it was not downloaded; "
                                "unset HF_HUB_OFFLINE, or " + FIX.format(repo=repo), "model")
     path = _download(repo, revision, cache, where)
-    check_checkpoint(path)
+    check(path)
     return ResolvedModel(path, repo, "hub download", path.name)
 
 

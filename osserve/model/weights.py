@@ -8,8 +8,9 @@ op's job, not the loader's.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from rich.progress import Progress
@@ -18,6 +19,10 @@ from safetensors import safe_open
 from osserve.config import ModelConfig
 from osserve.errors import CheckpointError
 from osserve.model.gpt_oss import GptOssForCausalLM
+
+if TYPE_CHECKING:
+    from osserve.distributed.layout import ShardLayout
+    from osserve.distributed.sharding import Rule
 
 INDEX_FILE = "model.safetensors.index.json"
 SINGLE_FILE = "model.safetensors"
@@ -72,18 +77,28 @@ def checkpoint_files(model_dir: Path) -> list[Path]:
     raise CheckpointError(f"{model_dir}: no {INDEX_FILE} or {SINGLE_FILE}")
 
 
-def iter_checkpoint(model_dir: Path, device: torch.device) -> Iterator[tuple[str, torch.Tensor]]:
-    """(name, tensor) for every tensor, shard by shard, loaded straight onto `device`."""
+def iter_checkpoint(model_dir: Path, device: torch.device, rule: Callable[[str], Rule] | None = None,
+                    ) -> Iterator[tuple[str, tuple[int, ...], torch.Tensor]]:
+    """(name, its shape in the file, tensor) for every tensor, shard by shard, loaded straight onto
+    `device`: the whole tensor, or where `rule` gives each name's sharding rule, this rank's share
+    of it (distributed/sharding.py), of which only the rank's rows are read."""
     for path in checkpoint_files(model_dir):
         with safe_open(str(path), framework="pt", device=str(device)) as f:
             for name in f.keys():
-                yield name, f.get_tensor(name)
+                if rule is None:
+                    tensor = f.get_tensor(name)
+                    yield name, tuple(tensor.shape), tensor
+                    continue
+                from osserve.distributed.sharding import read_cut
+
+                yield name, tuple(f.get_slice(name).get_shape()), read_cut(f, name, device, rule(name))
 
 
 def load_weights(
     model: GptOssForCausalLM, model_dir: str | Path, show_progress: bool = True
 ) -> None:
-    """Copy every checkpoint tensor into `model`, checking names, shapes and dtypes."""
+    """Copy every checkpoint tensor into `model`, checking names, shapes and dtypes (a model built
+    with a ShardLayout takes its rank's share of each)."""
     model_dir = Path(model_dir)
     layout = checkpoint_layout(model.config)
     targets = dict(model.named_parameters()) | dict(model.named_buffers())
@@ -91,13 +106,13 @@ def load_weights(
     seen: set[str] = set()
     with Progress(disable=not show_progress, transient=True) as progress:
         task = progress.add_task(f"loading {model_dir.name}", total=len(layout))
-        for name, tensor in iter_checkpoint(model_dir, device):
+        for name, file_shape, tensor in iter_checkpoint(model_dir, device, _sharding_rule(model)):
             if name not in layout:
                 raise CheckpointError(f"unexpected tensor '{name}' in {model_dir}")
             shape, dtype = layout[name]
-            if tuple(tensor.shape) != shape:
+            if file_shape != shape:
                 raise CheckpointError(
-                    f"tensor '{name}' has shape {tuple(tensor.shape)}, expected {shape}"
+                    f"tensor '{name}' has shape {file_shape}, expected {shape}"
                 )
             if tensor.dtype != dtype:
                 raise CheckpointError(f"tensor '{name}' has dtype {tensor.dtype}, expected {dtype}")
@@ -111,12 +126,24 @@ def load_weights(
         raise CheckpointError(f"{model_dir}: missing tensor(s) {missing[:5]}{more}")
 
 
+def _sharding_rule(model: GptOssForCausalLM) -> Callable[[str], Rule] | None:
+    """Each checkpoint name's rule for a model built with a ShardLayout; None for a whole model."""
+    layout = model.layout
+    if layout is None:
+        return None
+    from osserve.distributed.sharding import rule_for
+
+    known = checkpoint_layout(model.config)  # an unknown name is load_weights' error to report
+    return lambda name: rule_for(name, model.config, layout) if name in known else None
+
+
 def build_model(
-    cfg: ModelConfig, device: str | torch.device, dtype: torch.dtype
+    cfg: ModelConfig, device: str | torch.device, dtype: torch.dtype, layout: ShardLayout | None = None,
 ) -> GptOssForCausalLM:
-    """An uninitialised model on `device` (parameters in `dtype`, MXFP4 buffers uint8)."""
+    """An uninitialised model on `device` (parameters in `dtype`, MXFP4 buffers uint8); with
+    `layout`, the part of it one rank holds."""
     with torch.device("meta"):
-        model = GptOssForCausalLM(cfg)
+        model = GptOssForCausalLM(cfg, layout)
     model = model.to_empty(device=device)
     for p in model.parameters():
         p.data = p.data.to(dtype)

@@ -21,32 +21,26 @@ Kernels without PDL (PyTorch's, cuBLAS's) keep the usual full ordering on both s
 
 from __future__ import annotations
 
-import functools
-import os
-
 import torch
 import triton
 import triton.language as tl
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 
+from osserve.ops.policy import kernel_policy
+
 # The switches benchmarks flip to compare with and without (bench_decode.py --ab pdl, --ab
-# prefetch); the kernels read them at launch (`pdl_launch`, `prefetch_before_wait`).
+# prefetch) and one GPU test flips (PDL changes no bit); the kernels read them at launch
+# (`pdl_launch`, `prefetch_before_wait`). They stay module constants, not policy fields: nothing a
+# user sets reaches them, and the A/B scripts flip them between engines built in one process.
 ENABLED = True
 PREFETCH = True  # with PDL, kernels ask L2 for some of what they read after the wait (prefetch_l2)
 
 
-@functools.lru_cache(maxsize=8)
-def _hopper_or_later(device_index: int) -> bool:
-    return torch.cuda.get_device_capability(device_index)[0] >= 9
-
-
 def pdl_launch(device: torch.device) -> bool:
-    """Whether kernels on `device` launch with PDL: CUDA on Hopper or later, compiled (the
-    interpreter has no grid dependencies), and not switched off."""
-    if not ENABLED or device.type != "cuda" or os.environ.get("TRITON_INTERPRET", "0") == "1":
-        return False
-    return _hopper_or_later(device.index if device.index is not None else torch.cuda.current_device())
+    """Whether kernels on `device` launch with PDL: where the kernel policy is Hopper's (sm_90,
+    compiled: ops/policy.py), and not switched off."""
+    return ENABLED and kernel_policy(device).hopper
 
 
 def prefetch_before_wait(device: torch.device) -> bool:

@@ -55,6 +55,17 @@ class _EngineCollector(Collector):
         yield counter("prompt_tokens", "Prompt tokens computed.", s.prompt_tokens_total)
         yield counter("generation_tokens", "Tokens generated.", s.generation_tokens_total)
         yield counter("num_preemptions", "Requests preempted for lack of KV blocks.", s.num_preemptions)
+        if s.spec_accepted_per_position is not None:  # speculative decoding is on (vLLM's names and meanings)
+            yield counter("spec_decode_num_drafts", "Drafts verified (one per request per speculative step).",
+                          s.spec_num_drafts)
+            yield counter("spec_decode_num_draft_tokens", "Draft tokens verified.", s.spec_num_draft_tokens)
+            yield counter("spec_decode_num_accepted_tokens", "Draft tokens accepted.", s.spec_num_accepted_tokens)
+            per_pos = CounterMetricFamily("osserve:spec_decode_num_accepted_tokens_per_pos",
+                                          "Draft tokens accepted, by position in the draft (0-based).",
+                                          labels=["model_name", "position"])
+            for position, accepted in enumerate(s.spec_accepted_per_position):
+                per_pos.add_metric([self.model, str(position)], accepted)
+            yield per_pos
 
 
 class ServerMetrics:

@@ -8,6 +8,7 @@ import argparse
 import asyncio
 import logging
 import threading
+import time
 from typing import TYPE_CHECKING
 
 from osserve import __version__
@@ -17,9 +18,14 @@ from osserve.model.resolve import resolve_model
 from osserve.server.app import ServerConfig, create_app
 
 if TYPE_CHECKING:
+    import uvicorn
+
+    from osserve.engine.core.outputs import EngineClient
     from osserve.tools.registry import ToolServerOptions
 
 log = logging.getLogger("osserve")
+
+DEAD_ENGINE_GRACE_S = 2.0
 
 
 def run_server(args: argparse.Namespace) -> int:
@@ -48,13 +54,32 @@ def run_server(args: argparse.Namespace) -> int:
         return run_api_servers(args, count, config, lambda: _announce(args, name))
     engine = build_async_engine(args)
     app = create_app(engine, engine.tokenizer, config)
+    server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, log_level="info",
+                                           access_log=not getattr(args, "disable_log_requests", False)))
+    died = threading.Event()
+    threading.Thread(target=_stop_when_the_engine_dies, args=(engine, server, died), name="osserve-engine-watch",
+                     daemon=True).start()
     _announce(args, name)
     try:
-        uvicorn.run(app, host=args.host, port=args.port, log_level="info",
-                    access_log=not getattr(args, "disable_log_requests", False))
+        server.run()
     finally:
         engine.shutdown()
-    return 0
+    return 1 if died.is_set() else 0
+
+
+def _stop_when_the_engine_dies(engine: EngineClient, server: uvicorn.Server, died: threading.Event) -> None:
+    """A server whose engine has died (a failed step, a tensor-parallel rank gone) answers 503 and
+    fails its open requests (the engine clients do both); DEAD_ENGINE_GRACE_S later it exits, with
+    code 1, for whatever supervises it to restart it. (Several HTTP processes: their supervisor
+    stops them all when the engine process exits, api_servers.py.)"""
+    while not server.should_exit:
+        if not engine.is_ready:
+            log.error("the engine stopped: answering 503 for %.0f s, then exiting", DEAD_ENGINE_GRACE_S)
+            died.set()
+            time.sleep(DEAD_ENGINE_GRACE_S)  # clients and balancers see 503s, not a closed port
+            server.should_exit = True
+            return
+        time.sleep(0.5)
 
 
 def _tool_options(args: argparse.Namespace) -> ToolServerOptions | None:

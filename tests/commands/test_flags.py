@@ -8,6 +8,7 @@ GPT-OSS page and its command generator)."""
 from __future__ import annotations
 
 import argparse
+import json
 import shlex
 from pathlib import Path
 from typing import Any
@@ -70,23 +71,25 @@ ACCEPTED_VLLM = [
     ("vllm serve /path/to/gpt-oss-20b --host 192.168.31.103 --port 8000 --served-model-name openai/gpt-oss-20b "
      "--tensor-parallel-size 1 --gpu-memory-utilization 0.9 --max-model-len 26384 --async-scheduling",
      dict(model="/path/to/gpt-oss-20b", served_model_name="openai/gpt-oss-20b", max_model_len=26384)),
+    ("vllm serve openai/gpt-oss-120b --tensor-parallel-size 2", dict(tensor_parallel_size=2)),
+    ("vllm serve openai/gpt-oss-120b --tensor-parallel-size 4", dict(tensor_parallel_size=4)),
+    ("vllm serve openai/gpt-oss-120b --tensor-parallel-size 2 --async-scheduling",
+     dict(tensor_parallel_size=2, no_async_scheduling=False)),
+    ("vllm serve openai/gpt-oss-120b --tensor_parallel_size 8 --max-model-len 131072 --max-num-batched-tokens 10240 "
+     "--max-num-seqs 128 --gpu-memory-utilization 0.85 --no-enable-prefix-caching",
+     dict(tensor_parallel_size=8, max_model_len=131072, max_num_seqs=128, no_prefix_caching=True)),
+    ("vllm serve openai/gpt-oss-120b --tensor-parallel-size 4 --enable-expert-parallel",
+     dict(tensor_parallel_size=4, enable_expert_parallel=True)),
 ]
 
 REFUSED_VLLM = [
-    ("vllm serve openai/gpt-oss-120b --tensor-parallel-size 2", "--tensor-parallel-size 2 is not supported yet"),
-    ("vllm serve openai/gpt-oss-120b --tensor-parallel-size 4", "--tensor-parallel-size 4 is not supported yet"),
-    ("vllm serve openai/gpt-oss-120b --tensor-parallel-size 2 --async-scheduling",
-     "osserve runs the model on one GPU"),
-    ("vllm serve openai/gpt-oss-120b --tensor_parallel_size 8 --max-model-len 131072 --max-num-batched-tokens 10240 "
-     "--max-num-seqs 128 --gpu-memory-utilization 0.85 --no-enable-prefix-caching",
-     "--tensor-parallel-size 8 is not supported yet"),
     ("vllm serve openai/gpt-oss-120b --compilation-config '{\"full_cuda_graph\": true}'",
      "osserve uses no torch.compile"),
     ("vllm serve openai/gpt-oss-120b --compilation-config '{\"compile_sizes\": [1, 2, 4, 8, 16, 24, 32, 64, 128, "
      "256, 4096, 8192], \"full_cuda_graph\": true}' --block-size 64", "osserve uses no torch.compile"),
     ("vllm serve openai/gpt-oss-120b --tensor-parallel-size=8 --gpu-memory-utilization 0.95 --compilation-config "
      "'{\"cudagraph_mode\": \"FULL_AND_PIECEWISE\"}' --block-size=64 --disable-log-request --async-scheduling",
-     "--tensor-parallel-size 8 is not supported yet"),
+     "osserve uses no torch.compile"),
     ("vllm serve openai/gpt-oss-120b --tensor-parallel-size=8 --attention-backend ROCM_AITER_UNIFIED_ATTN "
      "-cc.pass_config.fuse_rope_kvcache=True -cc.use_inductor_graph_partition=True --gpu-memory-utilization 0.95 "
      "--block-size=64", "--attention-backend ROCM_AITER_UNIFIED_ATTN: osserve has one attention"),
@@ -108,9 +111,9 @@ def test_vllm_recipe_lines_refused_with_a_reason(line: str, reason: str) -> None
 
 def test_amd_line_refuses_each_flag_it_cannot_honour() -> None:
     found = refused(REFUSED_VLLM[-1][0])
-    assert len(found) == 3
-    assert "--tensor-parallel-size 8" in found[0] and "--attention-backend" in found[2]
-    assert "-cc.pass_config.fuse_rope_kvcache=True" in found[1]
+    assert len(found) == 2
+    assert "--attention-backend" in found[1] and "-cc.pass_config.fuse_rope_kvcache=True" in found[0]
+    assert has(parse(REFUSED_VLLM[-1][0]), tensor_parallel_size=8)
 
 
 HOPPER_YAML = """\
@@ -135,7 +138,10 @@ def test_recipe_config_files(tmp_path: Path) -> None:
                max_cudagraph_capture_size=2048, max_num_batched_tokens=8192, stream_interval=20)
     assert refused(line % "GPT-OSS_Blackwell.yaml") == [
         "--kv-cache-dtype fp8 is not supported yet; osserve stores the KV cache in bf16 (--kv-cache-dtype auto)"]
-    assert refused(line % "GPT-OSS_EAGLE3_Hopper.yaml")[0].startswith("--speculative-config is not supported yet")
+    eagle = settled(line % "GPT-OSS_EAGLE3_Hopper.yaml")
+    assert json.loads(eagle.speculative_config) == {"model": "nvidia/gpt-oss-120b-Eagle3-v2",
+                                                     "num_speculative_tokens": 3, "method": "eagle3",
+                                                     "draft_tensor_parallel_size": 1}
     # the command line wins over the file
     assert has(settled(line % "GPT-OSS_Hopper.yaml" + " --max-num-batched-tokens 1024"), max_num_batched_tokens=1024)
     (tmp_path / "bad.yaml").write_text("- a list\n")
@@ -155,25 +161,29 @@ ACCEPTED_SGLANG = [
     ("python -m sglang.launch_server --model openai/gpt-oss-20b --attention-backend triton "
      "--moe-runner-backend triton --enforce-disable-flashinfer-allreduce-fusion",
      dict(attention_backend="triton", moe_runner_backend="triton")),
+    # the SGLang gpt-oss post's speculative decoding, chain and tree (on one GPU)
+    ("python3 -m sglang.launch_server --model openai/gpt-oss-120b --speculative-algorithm EAGLE3 "
+     "--speculative-draft-model-path lmsys/EAGLE3-gpt-oss-120b-bf16 --speculative-num-steps 3 "
+     "--speculative-eagle-topk 1 --speculative-num-draft-tokens 4",
+     dict(speculative_algorithm="EAGLE3", speculative_draft_model_path="lmsys/EAGLE3-gpt-oss-120b-bf16",
+          speculative_num_steps=3, speculative_eagle_topk=1, speculative_num_draft_tokens=4)),
+    ("python3 -m sglang.launch_server --model openai/gpt-oss-120b --speculative-algo EAGLE3 --speculative-draft "
+     "lmsys/EAGLE3-gpt-oss-120b-bf16 --speculative-num-steps 5 --speculative-eagle-topk 4 "
+     "--speculative-num-draft-tokens 8 --attention-backend triton",
+     dict(speculative_algorithm="EAGLE3", speculative_num_steps=5, speculative_eagle_topk=4,
+          speculative_num_draft_tokens=8)),
     ("python3 -m sglang.launch_server --model-path openai/gpt-oss-120b --tp 1 --mem-fraction-static 0.85 "
      "--context-length 32768 --max-running-requests 64 --disable-radix-cache --disable-cuda-graph",
      dict(tensor_parallel_size=1, gpu_memory_utilization=0.85, max_model_len=32768, max_num_seqs=64,
           no_prefix_caching=True, enforce_eager=True)),
+    ("python3 -m sglang.launch_server --model-path openai/gpt-oss-120b --tp 4", dict(tensor_parallel_size=4)),
+    ("python3 -m sglang.launch_server --model openai/gpt-oss-120b --tp 8 --attention-backend triton",
+     dict(tensor_parallel_size=8, attention_backend="triton")),
+    ("python3 -m sglang.launch_server --model openai/gpt-oss-120b --tp 2 --nccl-port 29600",
+     dict(tensor_parallel_size=2, nccl_port=29600)),
 ]
 
 REFUSED_SGLANG = [
-    ("python3 -m sglang.launch_server --model-path openai/gpt-oss-120b --tp 4",
-     "--tensor-parallel-size 4 is not supported yet"),
-    ("python3 -m sglang.launch_server --model openai/gpt-oss-120b --tp 8 --attention-backend triton",
-     "--tensor-parallel-size 8 is not supported yet"),
-    ("python3 -m sglang.launch_server --model openai/gpt-oss-120b --speculative-algorithm EAGLE3 "
-     "--speculative-draft-model-path lmsys/EAGLE3-gpt-oss-120b-bf16 --speculative-num-steps 3 "
-     "--speculative-eagle-topk 1 --speculative-num-draft-tokens 4 --tp 4",
-     "--speculative-algorithm EAGLE3 is not supported yet"),
-    ("python3 -m sglang.launch_server --model openai/gpt-oss-120b --speculative-algo EAGLE3 --speculative-draft "
-     "lmsys/EAGLE3-gpt-oss-120b-bf16 --speculative-num-steps 5 --speculative-eagle-topk 4 "
-     "--speculative-num-draft-tokens 8 --attention-backend triton --tp 4",
-     "--speculative-draft-model-path is not supported yet"),
     ("python -m sglang.launch_server --model openai/gpt-oss-120b --tp 8 --enable-dp-attention --dp 8",
      "--enable-dp-attention is not supported yet"),
     ("python -m sglang.launch_server --model openai/gpt-oss-120b --tool-call-parser hermes",
@@ -242,8 +252,8 @@ def test_a_refusal_is_one_line_and_exit_1(capsys: pytest.CaptureFixture[str]) ->
 
 
 def test_the_offline_llm_refuses_through_the_same_table() -> None:
-    with pytest.raises(ConfigError, match="--tensor-parallel-size 2 is not supported yet"):
-        build_engine(EngineArgs(tensor_parallel_size=2))
+    with pytest.raises(ConfigError, match="--tensor-parallel-size 3 must divide the model's 8 attention heads"):
+        build_engine(EngineArgs(load_format="dummy", preset="tiny", device="cpu", tensor_parallel_size=3))
     with pytest.raises(ConfigError, match="--kv-cache-dtype fp8_e4m3 is not supported yet"):
         build_engine(EngineArgs(kv_cache_dtype="fp8_e4m3"))
 
@@ -256,5 +266,6 @@ def test_version_and_grouped_help(capsys: pytest.CaptureFixture[str]) -> None:
         cli.main(["serve", "--help"])
     out = capsys.readouterr().out
     heads = [line for line in out.splitlines() if line and not line.startswith(" ") and line.endswith(":")]
-    assert heads[1:5] == ["model:", "engine:", "engine: parallelism, speculative decoding, backends (refused with a "
-                                               "reason):", "server:"] and heads[-1].startswith("tools")
+    assert heads[1:7] == ["model:", "engine:", "engine: parallelism:", "engine: speculative decoding:",
+                          "engine: backends, other parallelism (refused with a reason):", "server:"]
+    assert heads[-1] == "tools (the Responses API runs them for the model):"

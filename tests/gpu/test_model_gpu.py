@@ -257,7 +257,10 @@ def test_programmatic_dependent_launch_changes_no_bit(preset: str, monkeypatch: 
     same engine launching its kernels one after the other. A kernel that read its predecessor's
     output before the wait would read the previous layer's or step's values, and differ here."""
     from osserve.ops import pdl
+    from osserve.ops.policy import detect
 
+    if not detect(torch.device("cuda")).hopper:
+        pytest.skip("the portable kernels launch without PDL (ops/policy.py)")
     g = torch.Generator().manual_seed(2)
     prompts = [torch.randint(0, 199_000, (n,), generator=g).tolist() for n in (5, 300, 64)]
 

@@ -27,7 +27,7 @@ def layer():
 
 
 hopper = pytest.mark.skipif(not torch.cuda.is_available() or not moe_gluon.supported(torch.device("cuda"), 64, 64),
-                            reason="the Gluon kernel needs a Hopper GPU")
+                            reason="the Hopper kernel policy (sm_90, not OSSERVE_PORTABLE_KERNELS=1)")
 
 
 @pytest.fixture(scope="module")
@@ -194,8 +194,9 @@ def test_dense_prefill_path_matches_float32_reference(layer, num_tokens: int, mo
     assert _rel_err(out, ref) < 1e-2
 
 
+@hopper
 def test_inline_ptx_dequant_path(layer) -> None:
-    """The opt-in inline-PTX dequantiser computes the same function."""
+    """The opt-in inline-PTX dequantiser computes the same function (sm_90 PTX: the Hopper policy only)."""
     experts, prepared = layer
     x = torch.randn(7, HIDDEN, device="cuda").bfloat16()
     weights, ids = random_routing(7, EXPERTS, TOP_K, device="cuda")
@@ -209,7 +210,7 @@ def test_inline_ptx_dequant_path(layer) -> None:
 def test_cuda_graph_replay(layer, fragments, moe, num_tokens: int) -> None:
     """The decode path captures into a CUDA graph (no host sync) and replays on fresh inputs."""
     if moe is moe_gluon.fused_moe_gluon and not moe_gluon.supported(torch.device("cuda"), 64, 64):
-        pytest.skip("the Gluon kernel needs a Hopper GPU")
+        pytest.skip("the Gluon kernel needs the Hopper kernel policy (sm_90, not OSSERVE_PORTABLE_KERNELS=1)")
     experts, prepared = layer
     prepared = fragments if moe is moe_gluon.fused_moe_gluon else prepared
     x = torch.randn(num_tokens, HIDDEN, device="cuda").bfloat16()

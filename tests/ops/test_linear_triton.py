@@ -9,6 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from osserve.ops.linear.head_triton import ONE_TOKEN_CONFIG
 from osserve.ops.linear.small_m_triton import (
     DEFAULT_CONFIG,
     MAX_TOKENS,
@@ -17,6 +18,7 @@ from osserve.ops.linear.small_m_triton import (
     small_m_linear_triton,
     stages_that_fit,
 )
+from osserve.ops.policy import SHARED_MEMORY_BY_CAPABILITY
 
 CONFIGS = [LinearConfig(16, 32, 4, 2), LinearConfig(64, 64, 4, 3), DEFAULT_CONFIG]
 
@@ -72,6 +74,11 @@ def test_what_the_kernel_takes() -> None:
 
 
 def test_stages_shrink_to_fit_shared_memory() -> None:
-    big = LinearConfig(64, 512, 4, 5)
-    assert stages_that_fit(big, 16, 2) == 2  # (64 + 16) * 512 * 2 bytes = 80 KB a stage
-    assert stages_that_fit(DEFAULT_CONFIG, 16, 2) == DEFAULT_CONFIG.num_stages
+    h100, a10 = SHARED_MEMORY_BY_CAPABILITY[(9, 0)], SHARED_MEMORY_BY_CAPABILITY[(8, 6)]
+    big = LinearConfig(64, 512, 4, 5)  # (64 + 16) * 512 * 2 bytes = 80 KB a stage, 4 of them in flight at 5
+    assert stages_that_fit(big, 16, 2, h100) == 3  # 2 tiles in flight: 160 KB of 227
+    assert stages_that_fit(big, 16, 2, a10) == 2  # 1 tile: 80 KB of 99
+    assert stages_that_fit(DEFAULT_CONFIG, 16, 2, h100) == DEFAULT_CONFIG.num_stages
+    assert stages_that_fit(DEFAULT_CONFIG, 16, 2, a10) == DEFAULT_CONFIG.num_stages  # 4 x 20 KB of 99
+    assert stages_that_fit(ONE_TOKEN_CONFIG, 16, 2, h100) == ONE_TOKEN_CONFIG.num_stages == 6
+    assert stages_that_fit(ONE_TOKEN_CONFIG, 16, 2, a10) == 4  # 3 x 24 KB of 99 (6 would want 120 KB)

@@ -207,3 +207,18 @@ def test_cli_prints_what_the_model_sees() -> None:
                             text=True, cwd=ROOT, timeout=60, env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert result.returncode == 0, result.stderr
     assert result.stdout == "42\n"
+
+
+def test_an_interpreter_under_tmp_still_starts(tmp_path: Path) -> None:
+    """A checkout's venv under /tmp (the sandbox mounts its own scratch /tmp) is shown through it."""
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=60)
+    assert str(venv).startswith("/tmp/")
+    site = next((venv / "lib").glob("python3*/site-packages"))
+    # this venv sees the packages of the one running the tests (the sandboxed worker needs none)
+    (site / "parent.pth").write_text("\n".join(p for p in sys.path if p.endswith("site-packages")) + "\n")
+    result = subprocess.run([str(venv / "bin" / "python"), "-m", "osserve.cli", "tools", "run", "python",
+                             "--python-tool-timeout", "5"], input="print(6 * 7)\n", capture_output=True,
+                            text=True, cwd=ROOT, timeout=60, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == "42\n"

@@ -134,6 +134,12 @@ class EngineStats:
     num_preemptions: int = 0
     prompt_tokens_total: int = 0
     generation_tokens_total: int = 0
+    # Speculative decoding (vLLM's meanings): drafts verified, draft tokens verified, draft tokens
+    # accepted, and those by position in the draft (index 0: the first draft token). None: no speculation.
+    spec_num_drafts: int = 0
+    spec_num_draft_tokens: int = 0
+    spec_num_accepted_tokens: int = 0
+    spec_accepted_per_position: list[int] | None = None
 
 
 class EngineClient(Protocol):

@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from osserve.engine.core.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    from osserve.speculative.tree import DraftTree
 
 
 class RequestStatus(enum.Enum):
@@ -53,6 +57,9 @@ class Request:
     # Tokens sampled by a step still in flight (async scheduling): counted in num_tokens, so the
     # next step can be scheduled before they are known; token_slice shows them as PENDING_TOKEN.
     num_pending: int = 0
+    # Speculative decoding: draft tokens after the last token, verified with it next step. Not
+    # counted in num_tokens: the scheduler adds them to the request's chunk (vLLM v1's rule).
+    drafts: DraftTree | None = None
 
     @property
     def all_token_ids(self) -> list[int]:

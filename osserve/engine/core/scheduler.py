@@ -7,13 +7,19 @@ served, while the token budget (max_num_batched_tokens), the cap on running requ
 (max_num_seqs) and the KV pool allow. When a running request cannot get blocks, the most
 recently admitted running request is preempted: its blocks are freed, it goes back to the front
 of the queue with its output so far, and later recomputes prompt + output and goes on.
+
+Speculative decoding changes nothing of that rule: a request holding draft tokens (Request.drafts)
+computes its last token and the drafts in one chunk; the step's update takes the tokens the
+verification kept (one or more) and moves num_computed_tokens back past the rejected drafts, so
+their KV is overwritten later and never reaches the prefix cache (only computed blocks are offered).
+`lookahead` slots past each chunk are reserved for the draft model's guesses (speculative/eagle.py).
 """
 
 from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 
 from osserve.config import SchedulerConfig
@@ -32,6 +38,7 @@ class ScheduledRequest:
     num_new_tokens: int
     block_tables: dict[str, list[int]]
     needs_sample: bool  # the chunk reaches the request's last token: sample the next one
+    num_drafts: int = 0  # the chunk's last num_drafts tokens are draft tokens (Request.drafts), verified
 
 
 @dataclass
@@ -88,7 +95,7 @@ class Scheduler:
                 f"tokens and asks for {params.max_tokens} more ({wanted} in all)",
                 "max_tokens" if n < limit else "prompt",
             )
-        if not self.kv.fits_at_all(wanted, self.config.max_num_batched_tokens):
+        if not self.kv.fits_at_all(wanted + self.config.speculative_slots, self.config.max_num_batched_tokens):
             raise ContextLengthError(
                 f"a request of {wanted} tokens can never fit in the KV cache "
                 f"({self.kv.num_blocks(self.kv.groups[-1])} blocks of {self.kv.block_size} tokens)",
@@ -122,9 +129,10 @@ class Scheduler:
         return SchedulerStats(len(self.running), len(self.waiting), self.num_preemptions)
 
     # ------------------------------------------------------------------ the step
-    def schedule(self, skip: Collection[str] = ()) -> SchedulerOutput:
+    def schedule(self, skip: Collection[str] = (), lookahead: int = 0) -> SchedulerOutput:
         """The next step. `skip`: running requests to leave out of it (async scheduling: those
-        whose in-flight token is certain to be their last)."""
+        whose in-flight token is certain to be their last). `lookahead`: KV slots to reserve past
+        each chunk (speculative decoding's draft model writes its guesses there)."""
         out = SchedulerOutput()
         budget = self.config.max_num_batched_tokens
         i = 0
@@ -134,18 +142,20 @@ class Scheduler:
                 i += 1
                 continue
             n = min(req.num_tokens - req.num_computed_tokens, budget)
+            drafts = 0 if req.drafts is None else self._fitting_drafts(req, budget)
+            n += drafts
             # Offer its computed blocks to the prefix cache before allocate_slots releases the
             # sliding ones that left the window (with a step in flight, update_from_output comes
             # after this; every token before num_computed_tokens is known here).
             self.kv.cache_computed_blocks(req)
-            while not self.kv.allocate_slots(req, n):
+            while not self.kv.allocate_slots(req, n + lookahead):
                 victim = self.running.pop()  # the most recently admitted
                 self._preempt(victim)
                 out.preempted.append(victim.request_id)
                 if victim is req:
                     break
             else:
-                out.scheduled.append(self._scheduled(req, n))
+                out.scheduled.append(self._scheduled(req, n, drafts))
                 budget -= n
                 i += 1
                 continue
@@ -162,7 +172,7 @@ class Scheduler:
                 if not req.admitted_once:
                     req.num_cached_tokens = cached
             n = min(req.num_tokens - req.num_computed_tokens, budget)
-            if not self.kv.allocate_slots(req, n):
+            if not self.kv.allocate_slots(req, n + lookahead):
                 self.kv.free(req.request_id)  # give back the claimed prefix too
                 req.num_computed_tokens = 0
                 break
@@ -188,15 +198,26 @@ class Scheduler:
         return (oldest.num_preemptions > 0 or len(self.waiting) >= min(cfg.admission_batch, free)
                 or time.monotonic() - oldest.arrival_time >= cfg.admission_delay_s)
 
-    def _scheduled(self, req: Request, n: int) -> ScheduledRequest:
+    def _scheduled(self, req: Request, n: int, drafts: int = 0) -> ScheduledRequest:
         start = req.num_computed_tokens
         return ScheduledRequest(
             request_id=req.request_id, start=start, num_new_tokens=n,
             block_tables=self.kv.block_tables(req.request_id),
-            needs_sample=start + n == req.num_tokens,
+            needs_sample=start + n - drafts == req.num_tokens, num_drafts=drafts,
         )
 
+    @staticmethod
+    def _fitting_drafts(req: Request, budget: int) -> int:
+        """How many of the request's drafts join its chunk: all of them when its last token alone
+        is left to compute and they fit the step's budget, else none (they are dropped)."""
+        assert req.drafts is not None
+        if req.num_tokens - req.num_computed_tokens != 1 or 1 + len(req.drafts) > budget:
+            req.drafts = None
+            return 0
+        return len(req.drafts)
+
     def _preempt(self, req: Request) -> None:
+        req.drafts = None
         self.kv.free(req.request_id)
         req.status = RequestStatus.PREEMPTED
         req.num_computed_tokens = 0
@@ -216,9 +237,11 @@ class Scheduler:
                 req.num_pending += 1
         out.advanced, out.tokens_pending = True, tokens_pending
 
-    def update_from_output(self, out: SchedulerOutput, sampled: dict[str, int]) -> list[RequestUpdate]:
+    def update_from_output(self, out: SchedulerOutput, sampled: Mapping[str, int | list[int]],
+                           ) -> list[RequestUpdate]:
         """Once a step's sampled tokens are on the host: cache full blocks, append the tokens,
-        check stops (advancing the computed counts first if advance() was not called)."""
+        check stops (advancing the computed counts first if advance() was not called). A request
+        that verified drafts gets a list: the drafts kept, then the target's own token."""
         if not out.advanced:
             self.advance(out)
         updates: list[RequestUpdate] = []
@@ -229,7 +252,12 @@ class Scheduler:
                 continue  # finished meanwhile (abort, a stop string)
             # A request preempted while its token was in flight keeps the token (async only).
             sampling = s.needs_sample and req.status in (RequestStatus.RUNNING, RequestStatus.PREEMPTED)
-            token = sampled[s.request_id] if sampling else None
+            if s.num_drafts:
+                verified = sampled[s.request_id]
+                assert isinstance(verified, list)
+                self._take_verified(req, s, verified, updates, now)
+                continue
+            token: int | None = sampled[s.request_id] if sampling else None  # type: ignore[assignment]
             if token is not None:
                 if out.tokens_pending:
                     req.num_pending -= 1
@@ -247,6 +275,28 @@ class Scheduler:
             if reason is not None:
                 self.finish(s.request_id, reason)
         return updates
+
+    def _take_verified(self, req: Request, s: ScheduledRequest, tokens: list[int], updates: list[RequestUpdate],
+                       now: float) -> None:
+        """A verified chunk's tokens, one by one up to a stop; the computed count then covers the
+        root and the drafts kept, so the rejected drafts' KV is never taken for computed."""
+        new: list[int] = []
+        reason = None
+        for token in tokens:
+            req.output_token_ids.append(token)
+            new.append(token)
+            reason = self._stop_reason(req, token)
+            if reason is not None:
+                break
+        req.drafts = None
+        req.num_computed_tokens -= s.num_drafts - (len(new) - 1)
+        if req.status is RequestStatus.RUNNING:
+            self.kv.cache_computed_blocks(req)
+        req.first_token_time = req.first_token_time or now
+        req.last_token_time = now
+        updates.append(RequestUpdate(s.request_id, new, reason is not None, reason, req.stop_reason))
+        if reason is not None:
+            self.finish(s.request_id, reason)
 
     def _stop_reason(self, req: Request, token: int) -> str | None:
         p = req.sampling_params

@@ -64,8 +64,12 @@ class StepOutputs:
 
 class DecodeGraphs:
     def __init__(self, model: GptOssForCausalLM, kv_caches: list[KVCache], groups: list[str],
-                 block_size: int, max_model_len: int, max_batch: int) -> None:
+                 block_size: int, max_model_len: int, max_batch: int, head: bool = True) -> None:
+        """head: graphs up to HEAD_MAX_BATCH take the logits head (False: a rank other than 0 of a
+        model split over several, which computes no logits; `sampled` then receives the last
+        step's ids by a broadcast from rank 0 before the replay, distributed/worker.py)."""
         self.model, self.kv_caches, self.groups = model, kv_caches, groups
+        self.head = head
         self.block_size, self.max_model_len = block_size, max_model_len
         self.sizes = [s for s in DEFAULT_SIZES if s <= max_batch] or [1]
         n, dev = self.sizes[-1], next(model.parameters()).device
@@ -101,7 +105,7 @@ class DecodeGraphs:
     def _step(self, b: int) -> StepOutputs:
         pending = PendingTokens(self.staged.pending_rows[:b], self.sampled)
         hidden = self.model(self.input_ids[:b], self.positions[:b], self._meta(b), self.kv_caches, pending)
-        if b > HEAD_MAX_BATCH:
+        if b > HEAD_MAX_BATCH or not self.head:
             return StepOutputs(hidden)
         from osserve.ops.linear.head_triton import HostIds  # Triton only where graphs are captured (CUDA)
 
@@ -203,6 +207,15 @@ def flat_tokens(token_ids: list[list[int]], start_pos: list[int],
 def slot_mapping(rows: np.ndarray, seq_of_token: np.ndarray, pos: np.ndarray, block_size: int) -> np.ndarray:
     """Each token's KV slot: its sequence's block for its position (rows from block_table_array)."""
     return rows[seq_of_token, pos // block_size].astype(np.int64) * block_size + pos % block_size
+
+
+def bounded_slot_mapping(rows: np.ndarray, seq_of_token: np.ndarray, pos: np.ndarray, block_size: int) -> np.ndarray:
+    """slot_mapping where a position may lie past its sequence's blocks: -1 there (no write).
+    Speculative steps pad requests to a fixed number of rows (verify_graphs.py)."""
+    col = pos // block_size
+    inside = col < rows.shape[1]
+    blocks = np.where(inside, rows[seq_of_token, np.minimum(col, rows.shape[1] - 1)], -1).astype(np.int64)
+    return np.where(blocks >= 0, blocks * block_size + pos % block_size, -1)
 
 
 def block_table_array(tables: list[list[int]], num_rows: int) -> np.ndarray:

@@ -55,10 +55,13 @@ def sliding_blocks_needed(cfg: ModelConfig, cache: CacheConfig, sched: Scheduler
 
 def plan_kv_cache(
     cfg: ModelConfig, cache: CacheConfig, sched: SchedulerConfig, budget_bytes: int,
-    dtype: torch.dtype,
+    dtype: torch.dtype, extra_full_bytes: int = 0,
 ) -> KVPlan:
-    """Split `budget_bytes` between the groups (or use cache.num_blocks for both)."""
+    """Split `budget_bytes` between the groups (or use cache.num_blocks for both).
+    extra_full_bytes: per full-attention block, a cache beside the model's (the EAGLE3 draft's)."""
     per_block = bytes_per_block(cfg, cache.block_size, dtype)
+    if extra_full_bytes:
+        per_block[FULL_GROUP] = per_block.get(FULL_GROUP, 0) + extra_full_bytes
     groups = layer_groups(cfg)
     if cache.num_blocks is not None:
         return KVPlan(cache.block_size, {g: cache.num_blocks for g in groups}, per_block)

@@ -17,8 +17,10 @@ from osserve.engine.core.kv_cache import BlockCopy
 from osserve.engine.worker.cuda_graphs import DecodeGraphs, block_table_array, flat_tokens, slot_mapping
 from osserve.engine.worker.kv_tensors import layer_groups
 from osserve.engine.worker.mixed_graphs import MixedGraphs
+from osserve.engine.worker.verify_graphs import VerifyGraphs, verify_layout
 from osserve.model.gpt_oss import GptOssForCausalLM, KVCache
-from osserve.ops.attention.metadata import AttentionMetadata, BlockTables
+from osserve.ops.attention.metadata import AttentionMetadata, BlockTables, TreeMask
+from osserve.ops.policy import KernelPolicy, detect, use_policy
 
 
 @dataclass(slots=True)
@@ -32,6 +34,12 @@ class BatchEntry:
     # Async scheduling: the last token is still on the device, row `prev_row` of the previous
     # step's sampled ids (token_ids holds PENDING_TOKEN there); -1 when every token is known.
     prev_row: int = -1
+    # Speculative decoding: the last num_drafts tokens are drafts, whose logits are wanted too.
+    num_drafts: int = 0
+    # A draft tree's (speculative/tree.py): each draft's depth (its RoPE position is the root's plus
+    # it) and each token's TreeMask bits, root first. None: a chain, plain causal.
+    draft_depths: list[int] | None = None
+    tree_bits: list[int] | None = None
 
 
 @dataclass
@@ -41,6 +49,9 @@ class StepLogits:
     logits: torch.Tensor  # [S, vocab] float32 for the entries with sample=True, in their order
     greedy: torch.Tensor | None  # [S] int64 their argmax where it came with them (compute_logits_and_greedy)
     greedy_host: torch.Tensor | None = None  # the same ids in pinned host memory, written by the step itself
+    aux_hidden: torch.Tensor | None = None  # [T, k * hidden] the captured layers' outputs, every row (EAGLE3)
+    hidden: torch.Tensor | None = None  # [T, hidden] the final norm's rows, every row (speculative steps)
+    entry_rows: list[int] | None = None  # each entry's first row in hidden / aux_hidden (None: packed in order)
 
 
 @dataclass
@@ -54,34 +65,49 @@ class ModelInput:
 class ModelRunner:
     def __init__(
         self, model: GptOssForCausalLM, kv_caches: list[KVCache], block_size: int,
-        device: torch.device,
+        device: torch.device, head: bool = True, policy: KernelPolicy | None = None,
     ) -> None:
+        """head: compute the logits of the rows to sample. False on the ranks other than 0 of a
+        model split over several (distributed/worker.py): their steps end at the hidden states,
+        and `run` returns no logits."""
         self.model = model
         self.kv_caches = kv_caches
         self.block_size = block_size
         self.device = device
+        self.head = head
+        # The kernels every call into the model launches (ops/policy.py; decided at load).
+        self.policy = policy if policy is not None else detect(device)
         self.pin = device.type == "cuda"
         self.graphs: DecodeGraphs | None = None
         self.mixed: MixedGraphs | None = None
+        # KV caches beside the model's, on a group's block tables: the EAGLE3 draft's (full group).
+        self.extra_caches: dict[str, list[KVCache]] = {}
+        self.verify_graphs: VerifyGraphs | None = None  # speculative steps' forward (verify_graphs.py)
 
     def capture_decode_graphs(self, groups: list[str], max_model_len: int, max_batch: int,
                               mixed: bool = True) -> None:
         """Record decode steps (and, with `mixed`, steps of new prompts beside decodes) as CUDA
         graphs (the runner, not the model, decides this)."""
-        self.graphs = DecodeGraphs(self.model, self.kv_caches, groups, self.block_size, max_model_len, max_batch)
-        self.graphs.capture()
-        if mixed:
-            self.mixed = MixedGraphs(self.model, self.kv_caches, groups, self.block_size, max_model_len, max_batch)
-            self.mixed.capture(self.graphs.pool)
+        with use_policy(self.policy):
+            self.graphs = DecodeGraphs(self.model, self.kv_caches, groups, self.block_size, max_model_len, max_batch,
+                                       head=self.head)
+            self.graphs.capture()
+            if mixed:
+                self.mixed = MixedGraphs(self.model, self.kv_caches, groups, self.block_size, max_model_len,
+                                         max_batch)
+                self.mixed.capture(self.graphs.pool)
 
     def _to_device(self, data: np.ndarray) -> torch.Tensor:
         t = torch.from_numpy(data)
         return (t.pin_memory() if self.pin else t).to(self.device, non_blocking=True)
 
-    def prepare(self, entries: list[BatchEntry]) -> ModelInput:
+    def prepare(self, entries: list[BatchEntry], speculative: bool = False) -> ModelInput:
         ids, pos, query_lens, seq_lens = flat_tokens([e.token_ids for e in entries], [e.start_pos for e in entries])
         starts = np.zeros(len(entries) + 1, dtype=np.int32)
         np.cumsum(query_lens, out=starts[1:])
+        rope_pos, tree = pos, None
+        if speculative and any(e.tree_bits is not None for e in entries):
+            rope_pos, tree = self._tree_mask(entries, pos, starts, seq_lens)
         tables: dict[str, BlockTables] = {}
         seq_of_token = np.repeat(np.arange(len(entries)), query_lens)
         for g in entries[0].block_tables if entries else []:
@@ -94,9 +120,28 @@ class ModelRunner:
             query_lens_host=query_lens,
             seq_lens_host=seq_lens,
             groups=tables,
+            tree=tree,
         )
-        return ModelInput(input_ids=self._to_device(ids), positions=self._to_device(pos), meta=meta,
-                          sample_rows=self._to_device(sample_rows(entries, query_lens)))
+        return ModelInput(input_ids=self._to_device(ids), positions=self._to_device(rope_pos), meta=meta,
+                          sample_rows=self._to_device(sample_rows(entries, query_lens, speculative)))
+
+    def _tree_mask(self, entries: list[BatchEntry], pos: np.ndarray, starts: np.ndarray, seq_lens: list[int],
+                   ) -> tuple[np.ndarray, TreeMask]:
+        """Draft trees' RoPE positions (the root's plus each node's depth; slots keep the cache
+        positions) and their TreeMask; other rows see as plain causal rows do."""
+        rope = pos.copy()
+        bits = np.full(len(pos), -1, dtype=np.int64)
+        tree_start = np.asarray(seq_lens, dtype=np.int32)
+        for b, e in enumerate(entries):
+            if e.tree_bits is None or e.draft_depths is None:
+                continue
+            end = int(starts[b + 1])
+            root = end - e.num_drafts - 1
+            rope[root + 1:end] = pos[root] + np.asarray(e.draft_depths, dtype=np.int64)
+            bits[root:end] = e.tree_bits
+            tree_start[b] = pos[root]
+        tree = TreeMask(self._to_device(bits), self._to_device(rope), self._to_device(tree_start))
+        return rope, tree
 
     def fill_pending(self, input_ids: torch.Tensor, entries: list[BatchEntry], prev_tokens: torch.Tensor | None,
                      ) -> None:
@@ -127,18 +172,27 @@ class ModelRunner:
             if not pairs:
                 continue
             src, dst = self._to_device(np.asarray(pairs, dtype=np.int64).T.copy())
-            for layer in layers:
-                for cache in self.kv_caches[layer]:
+            for kv in [self.kv_caches[layer] for layer in layers] + self.extra_caches.get(group, []):
+                for cache in kv:
                     cache.index_copy_(0, dst, cache.index_select(0, src))
 
     @torch.inference_mode()
     def run(self, entries: list[BatchEntry], prev_tokens: torch.Tensor | None = None,
-            copies: list[BlockCopy] | None = None) -> StepLogits:
+            copies: list[BlockCopy] | None = None, speculative: bool = False,
+            capture: tuple[int, ...] = ()) -> StepLogits:
         """The logits of the entries with sample=True, and their greedy ids where they came with
         them. prev_tokens: the previous step's sampled ids, on the device (see BatchEntry.prev_row).
-        copies: KV blocks to copy first (newcomers' cached last blocks, kv_cache.py)."""
+        copies: KV blocks to copy first (newcomers' cached last blocks, kv_cache.py). speculative:
+        a step of speculative decoding (drafts to verify, `capture`d layers' outputs to keep)."""
+        with use_policy(self.policy):
+            return self._run(entries, prev_tokens, copies, speculative, capture)
+
+    def _run(self, entries: list[BatchEntry], prev_tokens: torch.Tensor | None, copies: list[BlockCopy] | None,
+             speculative: bool, capture: tuple[int, ...]) -> StepLogits:
         if copies:
             self.copy_blocks(copies)
+        if speculative:
+            return self._run_speculative(entries, capture)
         if self.graphs is not None and self.graphs.can_run(len(entries)) and all(
             len(e.token_ids) == 1 and e.sample for e in entries
         ):
@@ -153,7 +207,7 @@ class ModelRunner:
             )
             if out.logits is not None:  # the graph took the head
                 return StepLogits(out.logits, out.greedy, out.greedy_host)
-            return StepLogits(*self.model.compute_logits_and_greedy(out.hidden))
+            return self._logits(out.hidden)
         if self.mixed is not None:
             query_lens = [len(e.token_ids) for e in entries]
             shape = self.mixed.shape_for(query_lens)
@@ -163,15 +217,65 @@ class ModelRunner:
                     {g: [e.block_tables[g] for e in entries] for g in entries[0].block_tables}, shape,
                     fill_pending=lambda ids: self.fill_pending(ids, entries, prev_tokens),
                 )
-                rows = hidden[self._to_device(sample_rows(entries, query_lens))]
-                return StepLogits(*self.model.compute_logits_and_greedy(rows))
+                if not self.head:
+                    return self._logits(hidden)
+                return self._logits(hidden[self._to_device(sample_rows(entries, query_lens))])
         inp = self.prepare(entries)
         self.fill_pending(inp.input_ids, entries, prev_tokens)
         hidden = self.model(inp.input_ids, inp.positions, inp.meta, self.kv_caches)
-        return StepLogits(*self.model.compute_logits_and_greedy(hidden[inp.sample_rows]))
+        return self._logits(hidden[inp.sample_rows])
+
+    def _logits(self, rows: torch.Tensor) -> StepLogits:
+        """The logits of the hidden rows to sample (none where this runner has no head)."""
+        if not self.head:
+            return StepLogits(rows[:0], None)
+        return StepLogits(*self.model.compute_logits_and_greedy(rows))
 
 
-def sample_rows(entries: list[BatchEntry], query_lens: list[int]) -> np.ndarray:
-    """int64 rows of the flat batch whose logits are wanted: each sampling entry's last token."""
+    def _run_speculative(self, entries: list[BatchEntry], capture: tuple[int, ...]) -> StepLogits:
+        """A step with drafts to verify or the draft model to feed: every row of a verified chunk
+        sampled, the captured layers' outputs kept; a CUDA graph where every request is at its last
+        token (verify_graphs.py), else eager."""
+        graphs = self.verify_graphs
+        size = graphs.size_for(len(entries)) if graphs is not None else None
+        if graphs is not None and size is not None and all(
+                e.sample and e.prev_row < 0 and len(e.token_ids) == 1 + e.num_drafts <= graphs.q for e in entries):
+            layout = verify_layout([e.token_ids for e in entries], [e.start_pos for e in entries],
+                                   [e.draft_depths for e in entries], [e.tree_bits for e in entries], graphs.q, size)
+            hidden, aux = graphs.run(layout, {g: [e.block_tables[g] for e in entries] for g in graphs.groups})
+            rows = np.flatnonzero(layout.real)  # real rows in entry order: every one is sampled
+            return StepLogits(self.model.compute_logits(hidden[self._to_device(rows)]), None, aux_hidden=aux,
+                              hidden=hidden, entry_rows=layout.entry_rows)
+        inp = self.prepare(entries, speculative=True)
+        if capture:
+            hidden, aux = self.model.forward_capturing(inp.input_ids, inp.positions, inp.meta, self.kv_caches,
+                                                       capture)
+        else:
+            hidden, aux = self.model(inp.input_ids, inp.positions, inp.meta, self.kv_caches), None
+        return StepLogits(self.model.compute_logits(hidden[inp.sample_rows]), None, aux_hidden=aux, hidden=hidden)
+
+    def move_kv(self, moves: list[tuple[dict[str, list[int]], int, int]]) -> None:
+        """KV of (block tables, from position, to position), in every layer: a draft tree's accepted
+        nodes to the positions after their root (speculative decoding)."""
+        if not moves:
+            return
+        for group, layers in layer_groups(self.model.config).items():
+            bs = self.block_size
+            src = [t[group][a // bs] * bs + a % bs for t, a, _ in moves]
+            dst = [t[group][b // bs] * bs + b % bs for t, _, b in moves]
+            index = self._to_device(np.asarray([src, dst], dtype=np.int64))
+            for layer in layers:
+                for cache in self.kv_caches[layer]:
+                    flat = cache.view(-1, *cache.shape[2:])
+                    flat.index_copy_(0, index[1], flat.index_select(0, index[0]))
+
+
+def sample_rows(entries: list[BatchEntry], query_lens: list[int], speculative: bool = False) -> np.ndarray:
+    """int64 rows of the flat batch whose logits are wanted: each sampling entry's last token, and
+    (speculative) the drafts before it where it verifies some."""
     ends = np.cumsum(query_lens, dtype=np.int64) - 1
-    return ends[np.fromiter((e.sample for e in entries), dtype=bool, count=len(entries))]
+    if not speculative:
+        return ends[np.fromiter((e.sample for e in entries), dtype=bool, count=len(entries))]
+    parts = [np.arange(end - e.num_drafts, end + 1, dtype=np.int64)
+             for e, end in zip(entries, ends.tolist(), strict=True) if e.sample]
+    return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)

@@ -43,12 +43,12 @@ def paged_attention(
 
         return paged_attention_triton(
             q, k_cache, v_cache, sinks, meta.query_start_loc, meta.seq_lens, tables.block_tables,
-            scale, window, meta.max_query_len, meta.max_seq_len, meta.is_decode_only,
+            scale, window, meta.max_query_len, meta.max_seq_len, meta.is_decode_only, tree=meta.tree,
         )
     query_start_loc = [0]
     for n in meta.query_lens_host:
         query_start_loc.append(query_start_loc[-1] + n)
     return paged_attention_reference(
         q, k_cache, v_cache, sinks, query_start_loc, meta.seq_lens_host, tables.block_tables,
-        scale, window,
+        scale, window, meta.tree,
     )

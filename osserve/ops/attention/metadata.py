@@ -6,6 +6,11 @@ The KV cache of one layer is a pair of tensors [num_blocks, block_size, kv_heads
 A sequence's token at position p lives in block `block_table[p // block_size]`, row
 `p % block_size`. Sliding-window layers free blocks that fall out of the window, leaving -1 holes
 in their block tables: attention never reads positions older than the window, so never a hole.
+
+Speculative decoding verifies a tree of draft tokens in one step (speculative/tree.py): its nodes
+stand at consecutive cache positions after the sequence's last token, but a node sees only its
+ancestors, and its real position (RoPE, the sliding window) is the root's plus its depth. A
+`TreeMask` says so per query row; a chain of drafts needs none (it is plain causal).
 """
 
 from __future__ import annotations
@@ -24,6 +29,24 @@ class BlockTables:
 
 
 @dataclass
+class TreeMask:
+    """Which tokens of a draft tree each query row sees (speculative decoding).
+
+    A key at cache position k of sequence b is seen by query row t (at cache position q) when
+    k <= q, when k - start[b] is outside [0, 64) or bit k - start[b] of bits[t] is set, and, on a
+    sliding-window layer, when positions[t] - k < window. Keys inside a tree are its query's
+    ancestors, always within the window (trees are shallower than it), so the window is checked
+    against their cache position. Rows of sequences without a tree have bits -1 (every bit)."""
+
+    bits: torch.Tensor  # [T] int64
+    positions: torch.Tensor  # [T] int64: each row's real position (the root's + its depth)
+    start: torch.Tensor  # [B] int32: the cache position of each sequence's bit 0
+
+
+MAX_TREE_TOKENS = 64  # bits of TreeMask.bits: a tree (root included) spans at most this many positions
+
+
+@dataclass
 class AttentionMetadata:
     """Everything attention needs about one batch; built once per step by the runner."""
 
@@ -32,6 +55,7 @@ class AttentionMetadata:
     query_lens_host: list[int]  # host copies, so no layer ever syncs with the device
     seq_lens_host: list[int]
     groups: dict[str, BlockTables]  # by layer group: "sliding", "full"
+    tree: TreeMask | None = None  # draft trees among the sequences (speculative decoding)
 
     @property
     def num_seqs(self) -> int:
@@ -47,4 +71,4 @@ class AttentionMetadata:
 
     @property
     def is_decode_only(self) -> bool:
-        return all(q == 1 for q in self.query_lens_host)
+        return self.tree is None and all(q == 1 for q in self.query_lens_host)

@@ -23,6 +23,7 @@ import triton.language as tl
 
 from osserve.ops.attention.decode_triton import interpreting as _interpreting
 from osserve.ops.attention.decode_triton import paged_decode_triton
+from osserve.ops.attention.metadata import TreeMask
 
 LOG2E = 1.4426950408889634
 
@@ -34,11 +35,14 @@ def _tiles(
     start, end,  # key positions [start, end) of this phase, stepped by BLOCK_N
     bt_row, k_base, v_base,  # this sequence's block-table row; K/V pointers at this kv head
     scale_log2e, window, stride_kb, stride_ks, stride_vb, stride_vs,
+    q_real, tree_bits, tree_start,  # TREE: [M] real positions, [M] int64 ancestor bits, the tree's start
     BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
-    HAS_WINDOW: tl.constexpr, MASK: tl.constexpr,
+    HAS_WINDOW: tl.constexpr, MASK: tl.constexpr, TREE: tl.constexpr,
 ):
     """Fold keys [start, end) into the state. MASK=False: the caller guarantees every key is
-    visible to every row and every tile is whole, so no bounds, causal or window mask."""
+    visible to every row and every tile is whole, so no bounds, causal, window or tree mask.
+    TREE: the window counts from each row's real position, and keys inside the tree
+    (metadata.TreeMask) are seen only where the row's bit is set."""
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, HEAD_DIM)
     for tile in range(start, end, BLOCK_N):
@@ -63,7 +67,15 @@ def _tiles(
             dist = q_pos[:, None] - k_pos[None, :]
             visible = (dist >= 0) & k_ok[None, :]
             if HAS_WINDOW:
-                visible = visible & (dist < window)
+                if TREE:
+                    visible = visible & (q_real[:, None] - k_pos[None, :] < window)
+                else:
+                    visible = visible & (dist < window)
+            if TREE:
+                rel = k_pos - tree_start
+                inside = (rel >= 0) & (rel < 64)
+                bit = (tree_bits[:, None] >> tl.minimum(tl.maximum(rel, 0), 63).to(tl.int64)[None, :]) & 1
+                visible = visible & ((inside == 0)[None, :] | (bit != 0))
             qk = tl.where(visible, qk, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(qk, 1))
         alpha = tl.exp2(m_i - m_new)
@@ -86,6 +98,7 @@ def _prefill_kernel(
     qsl_ptr,  # [B+1] int32 query_start_loc
     seq_lens_ptr,  # [B] int32
     bt_ptr,  # [B, max_blocks] int32, -1 holes
+    tree_bits_ptr, tree_pos_ptr, tree_start_ptr,  # TREE: metadata.TreeMask's [T] int64, [T] int64, [B] int32
     scale_log2e, window,
     stride_qt, stride_qh, stride_ot, stride_oh,
     stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh, stride_bt,
@@ -96,6 +109,7 @@ def _prefill_kernel(
     HEAD_DIM: tl.constexpr,
     BLOCK_SIZE: tl.constexpr,  # cache block size (power of two)
     HAS_WINDOW: tl.constexpr,
+    TREE: tl.constexpr,  # draft trees among the sequences (metadata.TreeMask)
 ):
     """One program: BLOCK_Q query tokens of sequence b x the GROUP q heads of kv head kvh.
 
@@ -134,29 +148,44 @@ def _prefill_kernel(
     # ever loaded, and positions below `lo` (where freed -1 blocks live) are never indexed.
     hi = first_q_pos + tl.minimum(q_len, qt * BLOCK_Q + BLOCK_Q)
     q_first = first_q_pos + qt * BLOCK_Q
+    if TREE:
+        # A tree's rows stand in depth order, so the tile's first row has its lowest real position;
+        # real positions are at most the cache positions, so `hi` still bounds the tile's keys.
+        q_real = tl.load(tree_pos_ptr + q_rows, mask=row_ok, other=0)
+        tree_bits = tl.load(tree_bits_ptr + q_rows, mask=row_ok, other=-1)
+        tree_start = tl.load(tree_start_ptr + b)
+        q_first_real = tl.load(tree_pos_ptr + q_start + qt * BLOCK_Q)
+    else:
+        q_real = q_pos
+        tree_bits = q_pos
+        tree_start = 0
+        q_first_real = q_first
     # [full_lo, full_hi): keys every row of the tile sees (<= the first query, and inside the
     # last query's window). Whole BLOCK_N tiles there skip the causal/window mask; only the few
     # boundary tiles before and after (at most ~BLOCK_Q keys each side) pay for it.
     if HAS_WINDOW:
-        lo = tl.maximum(q_first - window + 1, 0)
+        lo = tl.maximum(q_first_real - window + 1, 0)
         full_lo = tl.minimum(tl.maximum(hi - window, lo), hi)
     else:
         lo = 0
         full_lo = 0
-    full_hi = tl.maximum(q_first + 1, full_lo)
+    if TREE:  # below the tree's start every key is committed: seen by every row
+        full_hi = tl.maximum(tl.minimum(q_first + 1, tree_start), full_lo)
+    else:
+        full_hi = tl.maximum(q_first + 1, full_lo)
     full_end = full_lo + ((full_hi - full_lo) // BLOCK_N) * BLOCK_N
     bt_row = bt_ptr + b * stride_bt
     k_base = k_ptr + kvh * stride_kh
     v_base = v_ptr + kvh * stride_vh
     acc, l_i, m_i = _tiles(acc, l_i, m_i, q, q_pos, lo, full_lo, bt_row, k_base, v_base,
                            scale_log2e, window, stride_kb, stride_ks, stride_vb, stride_vs,
-                           BLOCK_N, HEAD_DIM, BLOCK_SIZE, HAS_WINDOW, True)
+                           q_real, tree_bits, tree_start, BLOCK_N, HEAD_DIM, BLOCK_SIZE, HAS_WINDOW, True, TREE)
     acc, l_i, m_i = _tiles(acc, l_i, m_i, q, q_pos, full_lo, full_end, bt_row, k_base, v_base,
                            scale_log2e, window, stride_kb, stride_ks, stride_vb, stride_vs,
-                           BLOCK_N, HEAD_DIM, BLOCK_SIZE, HAS_WINDOW, False)
+                           q_real, tree_bits, tree_start, BLOCK_N, HEAD_DIM, BLOCK_SIZE, HAS_WINDOW, False, TREE)
     acc, l_i, m_i = _tiles(acc, l_i, m_i, q, q_pos, full_end, hi, bt_row, k_base, v_base,
                            scale_log2e, window, stride_kb, stride_ks, stride_vb, stride_vs,
-                           BLOCK_N, HEAD_DIM, BLOCK_SIZE, HAS_WINDOW, True)
+                           q_real, tree_bits, tree_start, BLOCK_N, HEAD_DIM, BLOCK_SIZE, HAS_WINDOW, True, TREE)
 
     out = acc / l_i[:, None]
     tl.store(o_ptr + q_rows[:, None] * stride_ot + head[:, None] * stride_oh + offs_d[None, :],
@@ -168,6 +197,7 @@ def _prefill(
     query_start_loc: torch.Tensor, seq_lens: torch.Tensor, block_tables: torch.Tensor,
     scale: float, window: int | None, max_query_len: int, out: torch.Tensor,
     block_m: int | None = None, block_n: int | None = None, num_stages: int | None = None,
+    tree: TreeMask | None = None,
 ) -> None:
     num_seqs = seq_lens.shape[0]
     num_heads, head_dim = q.shape[1], q.shape[2]
@@ -180,14 +210,15 @@ def _prefill(
     # BLOCK_N 32 measured fastest on the H100 with 128-row tiles (benchmarks/NOTES-attention.md).
     block_n = block_n or (16 if _interpreting() else 32)
     grid = (num_seqs, triton.cdiv(max_query_len, block_q), kv_heads)
+    tree_args = (tree.bits, tree.positions, tree.start) if tree is not None else (seq_lens, seq_lens, seq_lens)
     _prefill_kernel[grid](
-        q, k_cache, v_cache, out, sinks, query_start_loc, seq_lens, block_tables,
+        q, k_cache, v_cache, out, sinks, query_start_loc, seq_lens, block_tables, *tree_args,
         scale * LOG2E, window or 0,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), block_tables.stride(0),
         GROUP=group, GROUP_P=group_p, BLOCK_Q=block_q, BLOCK_N=block_n, HEAD_DIM=head_dim,
-        BLOCK_SIZE=block_size, HAS_WINDOW=window is not None,
+        BLOCK_SIZE=block_size, HAS_WINDOW=window is not None, TREE=tree is not None,
         num_warps=4 if block_q * group_p <= 64 else 8, num_stages=num_stages or 2,
     )
 
@@ -211,8 +242,10 @@ def paged_attention_triton(
     block_m: int | None = None,
     block_n: int | None = None,
     num_stages: int | None = None,
+    tree: TreeMask | None = None,
 ) -> torch.Tensor:
-    """Paged attention on the device; returns out [T, H, D] (q's dtype).
+    """Paged attention on the device; returns out [T, H, D] (q's dtype). `tree`: draft trees
+    among the sequences (metadata.TreeMask; the prefill kernel, whatever the query lengths).
 
     is_decode: every sequence has exactly one query (the decode kernel, split-KV). The decode path
     does no host sync and allocates only buffers whose sizes depend on (B, H, D, num_splits), so it
@@ -227,12 +260,12 @@ def paged_attention_triton(
         out = torch.empty_like(q)
     if q.shape[0] == 0:
         return out
-    if is_decode:
+    if is_decode and tree is None:
         paged_decode_triton(q, k_cache, v_cache, sinks, query_start_loc, seq_lens, block_tables,
                             scale, window, max_seq_len, out, num_splits=num_splits, block_n=block_n)
     else:
         _prefill(q, k_cache, v_cache, sinks, query_start_loc, seq_lens, block_tables, scale, window,
-                 max_query_len, out, block_m=block_m, block_n=block_n, num_stages=num_stages)
+                 max_query_len, out, block_m=block_m, block_n=block_n, num_stages=num_stages, tree=tree)
     return out
 
 

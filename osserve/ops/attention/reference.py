@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import torch
 
+from osserve.ops.attention.metadata import MAX_TREE_TOKENS, TreeMask
+
 
 def write_kv_reference(
     k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
@@ -36,12 +38,14 @@ def paged_attention_reference(
     block_tables: torch.Tensor,
     scale: float,
     window: int | None,
+    tree: TreeMask | None = None,
 ) -> torch.Tensor:
     """q [T, heads, head_dim] -> [T, heads, head_dim], attending through the paged cache.
 
     A query at position p sees keys at positions j with j <= p and, on a sliding-window layer,
     p - j < window. Each head's sink logit joins the softmax (in float32) as an extra column
-    that takes probability mass but contributes no value.
+    that takes probability mass but contributes no value. `tree`: draft trees (metadata.TreeMask
+    states the rule): a tree's node sees its ancestors, and its real position decides the window.
     """
     num_heads, head_dim = q.shape[1], q.shape[2]
     block_size, kv_heads = k_cache.shape[1], k_cache.shape[2]
@@ -53,7 +57,9 @@ def paged_attention_reference(
         if q_len == 0:
             continue
         first_q_pos = seq_len - q_len
-        first_k_pos = 0 if window is None else max(0, first_q_pos - window + 1)
+        q_pos = torch.arange(first_q_pos, seq_len, device=q.device)  # cache positions
+        real_pos = q_pos if tree is None else tree.positions[q_start:q_end].to(q.device)
+        first_k_pos = 0 if window is None else max(0, int(real_pos.min()) - window + 1)
         k_pos = torch.arange(first_k_pos, seq_len, device=q.device)
         blocks = block_tables[b, k_pos // block_size].long()
         rows = blocks * block_size + k_pos % block_size
@@ -63,13 +69,21 @@ def paged_attention_reference(
         vals = vals.repeat_interleave(group, dim=1)
         qs = q[q_start:q_end].to(torch.float32)  # [L, H, D]
         scores = torch.einsum("lhd,shd->hls", qs, keys) * scale  # [H, L, S]
-        q_pos = torch.arange(first_q_pos, seq_len, device=q.device)
-        dist = q_pos[:, None] - k_pos[None, :]
-        visible = dist >= 0
+        visible = q_pos[:, None] - k_pos[None, :] >= 0
         if window is not None:
-            visible &= dist < window
+            visible &= real_pos[:, None] - k_pos[None, :] < window
+        if tree is not None:
+            visible &= tree_visible(tree.bits[q_start:q_end], k_pos - int(tree.start[b]))
         scores = scores.masked_fill(~visible[None], float("-inf"))
         sink_col = sinks.to(torch.float32)[:, None, None].expand(num_heads, q_len, 1)
         probs = torch.softmax(torch.cat((scores, sink_col), dim=-1), dim=-1)[..., :-1]
         out[q_start:q_end] = torch.einsum("hls,shd->lhd", probs, vals).to(q.dtype)
     return out
+
+
+def tree_visible(bits: torch.Tensor, rel: torch.Tensor) -> torch.Tensor:
+    """[L, S] bool: query rows with TreeMask bits [L] against keys at `rel` [S] positions from
+    their tree's start: set bits inside the tree's MAX_TREE_TOKENS positions, anything outside."""
+    inside = (rel >= 0) & (rel < MAX_TREE_TOKENS)
+    bit = (bits.to(torch.int64)[:, None] >> rel.clamp(0, MAX_TREE_TOKENS - 1).to(torch.int64)[None, :]) & 1
+    return ~inside[None, :] | (bit != 0)

@@ -33,6 +33,7 @@ from osserve.ops.linear.small_m_triton import (
     stages_that_fit,
 )
 from osserve.ops.pdl import pdl_enter, pdl_launch
+from osserve.ops.policy import kernel_policy
 
 NO_ROW = tl.constexpr(2**31 - 1)  # larger than any row index: loses every "first row" minimum
 # One token: the fastest of a sweep (benchmarks/bench_head.py, H100), 391.5 µs against 399.1 for the
@@ -127,7 +128,7 @@ def logits_and_greedy_triton(
     _logits_kernel[(num_blocks,)](
         x, weight, logits, best_val, best_row, m, n, k, x.stride(0), weight.stride(0), num_blocks,
         EVEN_K=k % config.block_k == 0, BLOCK_N=config.block_n, BLOCK_M=block_m, BLOCK_K=config.block_k,
-        NUM_STAGES=stages_that_fit(config, block_m, x.element_size()),
+        NUM_STAGES=stages_that_fit(config, block_m, x.element_size(), kernel_policy(x.device).shared_memory),
         # fp32 (CPU tests): no silent TF32; bf16 ignores the setting.
         DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32", PDL=pdl,
         PREFETCH=prefetch_lines(num_blocks, x.device), num_warps=config.num_warps, launch_pdl=pdl,

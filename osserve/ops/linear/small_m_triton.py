@@ -22,6 +22,7 @@ import triton
 import triton.language as tl
 
 from osserve.ops.pdl import pdl_enter, pdl_launch, prefetch_before_wait, prefetch_rows
+from osserve.ops.policy import kernel_policy
 
 # Above this cuBLAS's tiled GEMMs win (H100, benchmarks/bench_linear.py: at 64 rows the x tile
 # crowds the pipeline's shared memory and the kernel fell to 1.2 TB/s).
@@ -39,7 +40,9 @@ class LinearConfig:
 # The best all-round config of the H100 sweep (bench_linear.py --sweep, 2026-11-23): within 0.7 µs
 # of each shape's best at 1 and 32 rows for the fused qkv [5120, 2880] and o [2880, 4096] weights.
 DEFAULT_CONFIG = LinearConfig(block_n=64, block_k=128, num_warps=4, num_stages=5)
-SHARED_MEMORY_BUDGET = 200_000  # bytes of pipelined tiles; an H100 SM has 227 KB
+# Shared memory kept beside the pipelined tiles (the kernels' epilogues reuse the tiles' buffers:
+# tests/ops/test_compile_targets.py reads the compiled kernels' use for sm_80, sm_86 and sm_89).
+SHARED_MEMORY_RESERVE = 8192
 # With PDL (ops/pdl.py) a program asks L2 for the first lines of its weight rows before it waits
 # for the kernel before it: 8 lines of 128 bytes, the first 4 K steps of a bf16 row. Only where the
 # grid is at most PREFETCH_WAVES programs per SM: the programs of later waves start after the wait.
@@ -56,10 +59,13 @@ def prefetch_lines(programs: int, device: torch.device) -> int:
     return PREFETCH_LINES if programs <= PREFETCH_WAVES * sms else 0
 
 
-def stages_that_fit(config: LinearConfig, block_m: int, itemsize: int) -> int:
-    """config.num_stages, fewer where the W and x tiles of that many stages overflow shared memory."""
+def stages_that_fit(config: LinearConfig, block_m: int, itemsize: int, shared_memory: int) -> int:
+    """config.num_stages, fewer where the W and x tiles would overflow `shared_memory` (bytes a block
+    may use: the kernel policy's, ops/policy.py). Triton's pipeliner keeps num_stages - 1 tiles in
+    flight: 5 stages of the default config at 16 rows take 80 KB, which fits an H100's 227 KB and an
+    A10's 99 KB; the one-token head config's 6 stages (120 KB) fit only the H100's, and an A10 gets 4."""
     per_stage = (config.block_n + block_m) * config.block_k * itemsize
-    return max(1, min(config.num_stages, SHARED_MEMORY_BUDGET // per_stage))
+    return max(1, min(config.num_stages, 1 + (shared_memory - SHARED_MEMORY_RESERVE) // per_stage))
 
 
 @triton.jit
@@ -170,7 +176,7 @@ def small_m_linear_triton(
         x.stride(0), weight.stride(0), out.stride(0) if splits > 1 else 0, n, k_per_split,
         HAS_BIAS=bias is not None, EVEN_K=k % config.block_k == 0, BLOCK_N=config.block_n,
         BLOCK_M=block_m, BLOCK_K=config.block_k,
-        NUM_STAGES=stages_that_fit(config, block_m, x.element_size()),
+        NUM_STAGES=stages_that_fit(config, block_m, x.element_size(), kernel_policy(x.device).shared_memory),
         # fp32 (CPU tests): no silent TF32; bf16 ignores the setting.
         DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32", PDL=pdl,
         PREFETCH=prefetch_lines(grid[0] * grid[1], x.device),

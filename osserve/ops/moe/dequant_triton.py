@@ -3,8 +3,11 @@ MXFP4 dequantisation into registers and gpt-oss's clamped SwiGLU."""
 
 from __future__ import annotations
 
+import torch
 import triton
 import triton.language as tl
+
+from osserve.ops.policy import kernel_policy
 
 
 @triton.jit
@@ -24,9 +27,10 @@ def dequant_pair(packed, scale):
 
 
 # Same function as dequant_pair but on packed registers, straight to bf16 (sm_90: mul.rn.bf16x2):
-# 4 bytes -> 4 low + 4 high values in ~4 instructions per value instead of ~12. Correct on the H100,
-# but measured SLOWER (T=1: 142 vs 109 us; T=2048: 3.7 vs 3.2 ms), so it is opt-in
-# (fast_dequant=True) until we know why (NOTES-moe.md). $4 = 4 weight bytes, $5 = their scales.
+# 4 bytes -> 4 low + 4 high values in ~4 instructions per value instead of ~12. In the token-tiled
+# kernel it measured SLOWER on the H100 (T=1: 142 vs 109 us; T=2048: 3.7 vs 3.2 ms; opt-in there), in
+# the swapped kernel faster (its default: NOTES-moe.md). sm_90 PTX: `packed_dequant` says where it
+# may run. $4 = 4 weight bytes, $5 = their scales.
 _DEQUANT_PTX = tl.constexpr("""{
 .reg .b32 t0, t1, s0, s1, u, v;
 prmt.b32 t0, $4, 0, 0x4140;
@@ -62,6 +66,12 @@ and.b32 v, v, 0x80008000;
 or.b32 u, u, v;
 mul.rn.bf16x2 $3, u, s1;
 }""")
+
+
+def packed_dequant(wanted: bool, x: torch.Tensor) -> bool:
+    """FAST for `dequant`: where the caller wants it, the activations are bf16 and the kernel policy is
+    Hopper's (ops/policy.py: mul.rn.bf16x2 is sm_90 PTX, and the interpreter runs no PTX)."""
+    return wanted and x.dtype == torch.bfloat16 and kernel_policy(x.device).hopper
 
 
 @triton.jit

@@ -39,6 +39,7 @@ from osserve.ops.moe.swapped import (
 )
 from osserve.ops.moe.weights import SWIGLU_ALPHA, UNSCALE, PreparedExperts
 from osserve.ops.pdl import pdl_enter_gluon, pdl_launch
+from osserve.ops.policy import kernel_policy
 
 BLOCK_W = 64  # weight rows per program: one warpgroup MMA's M
 NUM_WARPS = 4
@@ -239,9 +240,9 @@ def _down_epilogue_inputs(pid_w, pid_s, pid_t, expert, N, b_ptr, topk_w_ptr, sor
 
 
 def supported(device: torch.device, hidden: int, intermediate: int) -> bool:
-    """The Gluon kernels need a Hopper GPU (warpgroup MMA) and K dimensions in whole 64-column steps."""
-    return (device.type == "cuda" and torch.cuda.get_device_capability(device) == (9, 0)
-            and hidden % 64 == 0 and intermediate % 64 == 0)
+    """The Gluon kernels need the Hopper kernel policy (ops/policy.py: sm_90, warpgroup MMA, not forced
+    portable) and K dimensions in whole 64-column steps."""
+    return device.type == "cuda" and kernel_policy(device).hopper and hidden % 64 == 0 and intermediate % 64 == 0
 
 
 # Token tile by the slots an expert gets on average (T * top_k / E), as in swapped.py, and the

@@ -26,7 +26,7 @@ import torch
 import triton
 import triton.language as tl
 
-from osserve.ops.moe.dequant_triton import dequant, swiglu
+from osserve.ops.moe.dequant_triton import dequant, packed_dequant, swiglu
 from osserve.ops.moe.plan import RoutingPlan, align_tokens
 from osserve.ops.moe.weights import SWIGLU_ALPHA, UNSCALE, PreparedExperts
 
@@ -45,7 +45,7 @@ class SwappedConfig:
     block_k2: int
     warps2: int
     stages2: int
-    fast_dequant: bool = False  # moe/tiled.py's inline-PTX dequantiser
+    fast_dequant: bool = False  # the inline-PTX dequantiser (moe/dequant_triton.py), where the policy allows
 
 
 # Keyed by the most token slots an expert gets on average (T * top_k / E): the token tile follows
@@ -320,8 +320,7 @@ def fused_moe_swapped(
     if min_programs is None:
         min_programs = PROGRAMS_PER_SM * torch.cuda.get_device_properties(x.device).multi_processor_count \
             if x.is_cuda else 1
-    # Inline PTX needs a real GPU (not TRITON_INTERPRET) and bf16 activations.
-    fast = cfg.fast_dequant and x.is_cuda and x.dtype == torch.bfloat16
+    fast = packed_dequant(cfg.fast_dequant, x)
     x = x.contiguous()
     topk_w = topk_weights.reshape(-1).contiguous()  # [T*k]
     plan: RoutingPlan = align_tokens(topk_ids, prepared.num_experts, cfg.block_t)

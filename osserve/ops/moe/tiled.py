@@ -25,7 +25,7 @@ import torch
 import triton
 import triton.language as tl
 
-from osserve.ops.moe.dequant_triton import dequant, swiglu
+from osserve.ops.moe.dequant_triton import dequant, packed_dequant, swiglu
 from osserve.ops.moe.plan import RoutingPlan, align_tokens
 from osserve.ops.moe.weights import SWIGLU_ALPHA, UNSCALE, PreparedExperts
 
@@ -179,8 +179,7 @@ def fused_moe_triton(
     top_k = topk_ids.shape[1]
     inter = prepared.intermediate
     cfg = config or pick_config(num_tokens)
-    # Inline PTX needs a real GPU (not TRITON_INTERPRET) and bf16 activations; off by default (slower).
-    fast = bool(fast_dequant) and x.is_cuda and x.dtype == torch.bfloat16
+    fast = packed_dequant(fast_dequant, x)  # off by default here (slower)
     x = x.contiguous()
     topk_w = topk_weights.reshape(-1).contiguous()  # [T*k]
     plan: RoutingPlan = align_tokens(topk_ids, prepared.num_experts, cfg.block_m)

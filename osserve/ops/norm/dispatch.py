@@ -6,7 +6,21 @@ from __future__ import annotations
 import torch
 
 from osserve.ops.dispatch import use_triton
-from osserve.ops.norm.reference import PendingTokens, add_rms_norm_reference, embed_rms_norm_reference
+from osserve.ops.norm.reference import (
+    PendingTokens,
+    add_rms_norm_reference,
+    embed_rms_norm_reference,
+    rms_norm_reference,
+)
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """x [T, H] normed alone (no residual): the EAGLE3 draft's input norms."""
+    if use_triton(x):
+        from osserve.ops.norm.norm_triton import add_rms_norm_triton
+
+        return add_rms_norm_triton(x, None, weight, eps)[0]
+    return rms_norm_reference(x, weight, eps)
 
 
 def add_rms_norm(

@@ -29,6 +29,7 @@ from osserve.ops.linear.small_m_triton import (
     stages_that_fit,
 )
 from osserve.ops.pdl import pdl_enter, pdl_launch, prefetch_rows
+from osserve.ops.policy import kernel_policy
 
 
 @triton.jit
@@ -123,7 +124,8 @@ def qkv_rope_cache_triton(
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), k_cache.shape[1], cos.stride(0),
         NUM_Q=num_heads, NUM_KV=num_kv_heads, HALF=head_dim // 2, EVEN_K=hidden % config.block_k == 0,
-        BLOCK_M=block_m, BLOCK_K=config.block_k, NUM_STAGES=stages_that_fit(config, block_m, x.element_size()),
+        BLOCK_M=block_m, BLOCK_K=config.block_k,
+        NUM_STAGES=stages_that_fit(config, block_m, x.element_size(), kernel_policy(x.device).shared_memory),
         # fp32 (CPU tests): no silent TF32; bf16 ignores the setting.
         DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32", PDL=pdl,
         PREFETCH=prefetch_lines(programs, x.device),

@@ -145,7 +145,6 @@ def setup_script(binaries: dict[str, str], root: Path, go_fd: int, limits: Sandb
         '  if [ -e "/etc/$f" ]; then ro_bind "/etc/$f" "etc/$f"; fi',
         "done",
     ]
-    lines += [f"ro_bind {q(tree)} {q('.' + tree)}" for tree in interpreter_trees()]
     lines += [
         "for n in " + " ".join(DEVICES) + '; do touch "dev/$n"; ' + mount + ' --bind "/dev/$n" "dev/$n"; done',
         "ln -s /proc/self/fd dev/fd; ln -s /proc/self/fd/0 dev/stdin",
@@ -155,6 +154,11 @@ def setup_script(binaries: dict[str, str], root: Path, go_fd: int, limits: Sandb
         "mkdir mnt/data mnt/tmp && chmod 1777 mnt/tmp",
         f"chown {code_uid or 0}:{code_uid or 0} mnt/data",
         f"{mount} --bind mnt/tmp tmp",
+    ]
+    # The interpreter last: one installed under /tmp or /mnt (a venv in a temporary checkout) would
+    # be hidden by the scratch mounts above; bound after them, it shows through in their place.
+    lines += [f"ro_bind {q(tree)} {q('.' + tree)}" for tree in interpreter_trees()]
+    lines += [
         "mkdir .old",
         f"{q(binaries['pivot_root'])} . .old",
         "cd /",
