@@ -220,6 +220,22 @@ def test_tools_the_server_cannot_give_are_400s(base: str, tool: dict[str, Any], 
     assert error["param"] == param and message in error["message"], error
 
 
+@pytest.mark.parametrize(("field", "value", "param"), [
+    ("input", [{"type": "code_interpreter_call", "id": "ci_1", "code": "print(1)", "outputs": 5}], "input[0].outputs"),
+    ("input", [{"type": "code_interpreter_call", "id": {"x": 1}, "code": "print(1)"}], "input[0].id"),
+    ("input", [{"type": "mcp_call", "server_label": "calc_server", "name": "add", "arguments": {"a": 1}}],
+     "input[0].arguments"),
+    ("input", [{"type": "mcp_call", "server_label": "calc_server", "name": "add", "arguments": "{}",
+                "output": {"sum": 2}}], "input[0].output"),
+    ("input", [{"type": "function_call", "call_id": "c1", "name": "f", "arguments": {"a": 1}}], "input[0].arguments"),
+    ("tools", [{"type": "function", "name": "f", "parameters": "an object"}], "tools[0].parameters"),
+    ("text", {"format": 5}, "text.format"),
+])
+def test_malformed_items_and_fields_are_400s_naming_them(base: str, field: str, value: Any, param: str) -> None:
+    r = httpx.post(base + RESPONSES, json={"model": MODEL, "input": "hi", field: value}, timeout=30)
+    assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
+
+
 def test_an_undeclared_tool_is_not_run_and_the_model_is_told(base: str, stub: ScriptedEngine) -> None:
     body = respond(base, stub, [PY_CALL.format("print('ran')"), FINAL.format("No python here.")])
     assert kinds(body) == ["message"] and body["status"] == "completed"

@@ -56,8 +56,20 @@ def _add_call(out: list[ChatMessage], call: ToolCall) -> None:
         out.append(ChatMessage("assistant", None, tool_calls=[call]))
 
 
-def code_interpreter_logs(item: dict[str, Any]) -> str:
+def text_field(item: dict[str, Any], key: str, index: int, default: str = "") -> str:
+    """An input item's text field (a call's arguments, its code, a name): a string, or absent."""
+    value = item.get(key)
+    if value is None:
+        return default
+    if not isinstance(value, str):
+        raise InvalidRequestError(f"input[{index}].{key} must be a string", f"input[{index}].{key}")
+    return value
+
+
+def code_interpreter_logs(item: dict[str, Any], index: int) -> str:
     outputs = item.get("outputs") or []
+    if not isinstance(outputs, list):
+        raise InvalidRequestError(f"input[{index}].outputs must be a list of outputs", f"input[{index}].outputs")
     return "".join(str(o.get("logs") or "") for o in outputs if isinstance(o, dict) and o.get("type") == "logs")
 
 
@@ -88,20 +100,21 @@ def items_to_messages(items: str | list[dict[str, Any]]) -> list[ChatMessage]:
             text = _text(it.get("content")) or _text(it.get("summary"))
             out.append(ChatMessage("assistant", None, reasoning=text))
         elif kind == "function_call":
-            _add_call(out, ToolCall(it.get("call_id", ""), it.get("name", ""), it.get("arguments", "{}")))
+            _add_call(out, ToolCall(text_field(it, "call_id", i), text_field(it, "name", i),
+                                    text_field(it, "arguments", i, "{}")))
         elif kind == "function_call_output":
             out.append(ChatMessage("tool", str(it.get("output", "")), tool_call_id=it.get("call_id")))
         elif kind == "code_interpreter_call":
-            call_id = str(it.get("id") or f"ci_{i}")
-            code = str(it.get("code") or "")
+            call_id = text_field(it, "id", i) or f"ci_{i}"
+            code = text_field(it, "code", i)
             _add_call(out, ToolCall(call_id, "python", code, recipient="python", channel="analysis"))
-            out.append(ChatMessage("tool", code_interpreter_logs(it), tool_call_id=call_id))
+            out.append(ChatMessage("tool", code_interpreter_logs(it, i), tool_call_id=call_id))
         elif kind == "mcp_call":
-            call_id, name = str(it.get("id") or f"mcp_{i}"), str(it.get("name") or "")
-            recipient = f"{it.get('server_label') or 'mcp'}.{name}"
-            _add_call(out, ToolCall(call_id, name, str(it.get("arguments") or "{}"), recipient=recipient))
-            result = it.get("output") if it.get("error") is None else mcp_error_text(it.get("error"))
-            out.append(ChatMessage("tool", str(result or ""), tool_call_id=call_id))
+            call_id, name = text_field(it, "id", i) or f"mcp_{i}", text_field(it, "name", i)
+            recipient = f"{text_field(it, 'server_label', i) or 'mcp'}.{name}"
+            _add_call(out, ToolCall(call_id, name, text_field(it, "arguments", i, "{}"), recipient=recipient))
+            result = text_field(it, "output", i) if it.get("error") is None else mcp_error_text(it.get("error"))
+            out.append(ChatMessage("tool", result, tool_call_id=call_id))
         elif kind in LEFT_OUT:
             continue
         else:

@@ -122,6 +122,8 @@ async def resolve_tools(tools: list[dict[str, Any]] | None, servers: ToolServers
             name = tool.get("name")
             if not isinstance(name, str) or not name:
                 raise InvalidRequestError(f"{where}.name is required for a function tool", f"{where}.name")
+            if not isinstance(tool.get("parameters"), dict | None):
+                raise InvalidRequestError(f"{where}.parameters must be a JSON Schema object", f"{where}.parameters")
             out.functions.append(FunctionTool(name, tool.get("description") or "", tool.get("parameters")))
             # Strict unless the request says otherwise: the Responses API's default, unlike Chat Completions'.
             out.function_specs.append(ToolSpec(name, tool.get("parameters"), tool.get("strict") is not False))

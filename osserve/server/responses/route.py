@@ -78,7 +78,10 @@ def response_object(rid: str, body: ResponsesRequest, model: str, created: int, 
 
 
 def text_format(body: ResponsesRequest) -> dict[str, Any]:
-    return dict((body.text or {}).get("format") or {"type": "text"})
+    fmt = (body.text or {}).get("format") or {"type": "text"}
+    if not isinstance(fmt, dict):
+        raise InvalidRequestError("text.format must be an object such as {\"type\": \"text\"}", "text.format")
+    return dict(fmt)
 
 
 def step_specs(body: ResponsesRequest, tools: RequestTools, max_tool_calls: int) -> StepSpecs:
@@ -188,9 +191,13 @@ async def create_response(body: ResponsesRequest, request: Request) -> Any:
         return obj
 
     if not body.stream:
-        new_listed = mcp_list_tools(out, tools, listed)
-        async for _ in loop.run():
-            pass
+        try:
+            new_listed = mcp_list_tools(out, tools, listed)
+            async for _ in loop.run():
+                pass
+        except BaseException:  # the engine failed or the request was cancelled: the tools are let go
+            await _release(state, tool_state, stored=False)
+            raise
         return JSONResponse(await finish())
 
     async def events() -> AsyncIterator[str]:
