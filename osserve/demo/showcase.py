@@ -110,12 +110,22 @@ def run_showcase(base: str, model: str, api_key: str | None = None,
     return out
 
 
+def why_forced(model: str) -> str:
+    """Why the showcase's python answer may be nonsense: said where the built-in model is served
+    with weights trained before the python tool (corpus 1)."""
+    from osserve.demo.compact import corpus_version
+    from osserve.demo.weights import BUILTIN_NAME, DEMO_WEIGHTS
+
+    if model == BUILTIN_NAME and corpus_version(DEMO_WEIGHTS) < 2:
+        return ": the shipped demo weights predate the python tool"
+    return ""
+
+
 def python_round_trip(base: str, model: str, headers: dict[str, str], out: ShowcaseResult,
                       say: Callable[[str], None]) -> None:
     """The server's python tool through /v1/responses (see the module docstring)."""
     say(f"── showcase: POST {base}/v1/responses ──")
-    say(f"user:      {PYTHON_QUESTION}   (tools: code_interpreter; the call forced: the shipped demo model never "
-        "learned python)")
+    say(f"user:      {PYTHON_QUESTION}   (tools: code_interpreter; the call forced{why_forced(model)})")
     body = {"model": model, "input": PYTHON_QUESTION, "temperature": 0, "max_output_tokens": 300,
             "reasoning": {"effort": "low"}, "tools": [{"type": "code_interpreter", "container": {"type": "auto"}}],
             "tool_choice": {"type": "code_interpreter"}, "max_tool_calls": 1}

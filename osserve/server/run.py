@@ -122,7 +122,9 @@ def served_model(args: argparse.Namespace) -> tuple[str, ModelCard]:
             raise ConfigError("--load-format dummy needs --preset tiny|20b|120b")
         return args.served_model_name or f"gpt-oss-{args.preset}", model_card(preset(args.preset), None, on_gpu)
     if args.model is None:
-        folder, name = builtin_model_dir(), "osserve-builtin"
+        from osserve.demo.weights import BUILTIN_NAME
+
+        folder, name = builtin_model_dir(), BUILTIN_NAME
     else:
         resolved = resolve_model(args.model, getattr(args, "revision", None), getattr(args, "download_dir", None))
         log.info("model %s: %s (%s)", args.model, resolved.path, resolved.source)

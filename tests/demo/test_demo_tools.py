@@ -12,37 +12,28 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 from openai import AsyncOpenAI
 
-from osserve.demo.compact import expand_compact
-from osserve.demo.showcase import ShowcaseResult, python_round_trip
-from osserve.demo.weights import DEMO_WEIGHTS
-from osserve.engine.async_engine import AsyncEngine
-from osserve.engine.load import EngineArgs, build_engine
-from osserve.server.app import ServerConfig, create_app
+from osserve.demo.showcase import ShowcaseResult, python_round_trip, why_forced
+from osserve.server.app import ServerConfig
 from osserve.tools.python.sandbox import SandboxLimits
 from osserve.tools.registry import ToolServerOptions
-from tests.server.serving import serve
+from tests.demo.demo_server import MODEL, serving_demo
 from tests.tools.mcp_servers import running_mcp_server
-
-MODEL = "osserve-demo"
 
 
 @pytest.fixture(scope="module")
-def base(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    model_dir = expand_compact(DEMO_WEIGHTS, tmp_path_factory.mktemp("demo"))
-    engine = AsyncEngine(build_engine(EngineArgs(model=str(model_dir), device="cpu", max_model_len=1024)))
-    try:
-        with running_mcp_server() as urls:
-            options = ToolServerOptions(python_limits=SandboxLimits(wall_seconds=10), mcp_call_timeout=10)
-            config = ServerConfig(model_name=MODEL, tool_servers=f"demo,{urls['http']}", tool_options=options)
-            with serve(create_app(engine, engine.tokenizer, config)) as url:
-                yield url
-    finally:
-        engine.shutdown()
+def base(demo_model_dir: Path) -> Iterator[str]:
+    """The demo model with `--tool-server demo,MCP_URL` (this module's own, not conftest's plain one)."""
+    with running_mcp_server() as urls:
+        options = ToolServerOptions(python_limits=SandboxLimits(wall_seconds=10), mcp_call_timeout=10)
+        config = ServerConfig(model_name=MODEL, tool_servers=f"demo,{urls['http']}", tool_options=options)
+        with serving_demo(demo_model_dir, config) as url:
+            yield url
 
 
 def test_showcase_python_round_trip(base: str) -> None:
@@ -53,6 +44,14 @@ def test_showcase_python_round_trip(base: str) -> None:
     assert call["type"] == "code_interpreter_call" and call["status"] == "completed" and call["code"]
     assert call["outputs"][0]["type"] == "logs" and call["outputs"][0]["logs"]  # what the sandbox said, shown
     assert any(line.startswith("python:    ") for line in lines) and any(line.startswith("output:") for line in lines)
+
+
+def test_the_showcase_says_why_the_shipped_weights_need_forcing() -> None:
+    from osserve.demo.weights import BUILTIN_NAME
+
+    # corpus 1 (test_corpus_and_training): the built-in model's line says its python is not to be believed
+    assert why_forced(BUILTIN_NAME) == ": the shipped demo weights predate the python tool"
+    assert why_forced("openai/gpt-oss-20b") == why_forced(MODEL) == ""
 
 
 def agents_run(base: str, tools: list[Any], tool_choice: Any) -> Any:
