@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from osserve.engine.core.outputs import CompletionDelta
@@ -260,8 +260,7 @@ class ResponseLoop:
 
 
 def _copy_params(params: SamplingParams) -> SamplingParams:
-    from dataclasses import replace
-
+    """The first step's parameters for a later step: lists copied, the grammar set per step."""
     return replace(params, stop=list(params.stop), stop_token_ids=list(params.stop_token_ids), structured=None)
 
 
