@@ -57,3 +57,8 @@ class EngineDeadError(OsserveError):
 class ToolSetupError(ConfigError):
     """A tool server cannot be used at start: an unreachable MCP URL, an unknown `--tool-server`
     name, or a python sandbox that cannot be isolated (without the explicit unsafe flag)."""
+
+
+class ToolServerUnavailableError(OsserveError):
+    """A tool server a request names (an allowed MCP `server_url`) cannot be reached (HTTP 424,
+    as OpenAI answers when it cannot list an MCP server's tools)."""

@@ -2,9 +2,9 @@
 cannot honour, each refused at start with a message that says what osserve does instead, never
 dropped without a word.
 
-Two kinds. NOT_YET: features being built (an fp8 KV cache, tool servers, data and pipeline
-parallelism); turning one on is deleting its entry here and wiring the
-value where the engine is assembled (engine/load.py) or the server started (server/run.py).
+Two kinds. NOT_YET: features being built (an fp8 KV cache, data and pipeline parallelism);
+turning one on is deleting its entry here and wiring the value where the engine is assembled
+(engine/load.py) or the server started (server/run.py).
 NEVER: settings of machinery osserve does not have (torch.compile, other attention or MoE
 backends, other reasoning/tool-call parsers).
 
@@ -46,9 +46,6 @@ NOT_YET = [
     Refusal("kv_cache_dtype", lambda v: v is not None and str(v).lower().startswith("fp8"),
             "--kv-cache-dtype {value} is not supported yet; osserve stores the KV cache in bf16 "
             "(--kv-cache-dtype auto)"),
-    Refusal("tool_server", lambda v: v is not None,
-            "--tool-server is not supported yet; osserve serves no built-in tools (python, browser, MCP): "
-            "declare functions in the request's `tools` and run them in the client"),
 ]
 
 NEVER = [

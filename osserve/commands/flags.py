@@ -152,9 +152,23 @@ def add_server_args(p: argparse.ArgumentParser) -> None:
 
 
 def add_tools_args(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("tools")
+    from osserve.commands.tools import add_python_tool_args
+
+    g = p.add_argument_group("tools (the Responses API runs them for the model)")
     g.add_argument("--tool-server", default=None, metavar="SERVERS",
-                   help="built-in tools: `demo` or MCP servers host:port,... (not supported yet)")
+                   help="comma-separated: demo (the built-in browser over shipped documents, and python), browser, "
+                        "python, and MCP servers (http://host:port/mcp, .../sse, or host:port); each is started "
+                        "and checked at start")
+    g.add_argument("--allow-tool-server-url", dest="allow_tool_server_url", nargs="+", action="extend", default=[],
+                   metavar="URL", help="MCP server URLs a request may name as `server_url` (exactly these; any "
+                                       "other is refused without a connection)")
+    g.add_argument("--tool-call-timeout", type=float, default=60.0, metavar="S",
+                   help="one MCP or browser call at most, in seconds (python has --python-tool-timeout)")
+    g.add_argument("--browser-backend", choices=("offline", "exa"), default="offline",
+                   help="the browser's search: offline (documents, no network) or exa (EXA_API_KEY)")
+    g.add_argument("--browser-documents", default=None, metavar="DIR",
+                   help="the offline browser's documents (.md, .txt, .html; default: the shipped demo documents)")
+    add_python_tool_args(g)
     g.add_argument("--enable-auto-tool-choice", action="store_true",
                    help="accepted: the model always chooses its tools (tool_choice auto)")
     g.add_argument("--tool-call-parser", default=None, metavar="NAME",

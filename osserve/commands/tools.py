@@ -10,9 +10,10 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from osserve.tools.python.sandbox import SandboxLimits
+    from osserve.tools.registry import ToolServerOptions
 
 
-def add_python_tool_args(p: argparse.ArgumentParser) -> None:
+def add_python_tool_args(p: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
     """The python tool's flags (shared with `serve --tool-server demo`)."""
     p.add_argument("--allow-unsafe-python-tool", action="store_true",
                    help="where the kernel's isolation (user, mount, network and pid namespaces) cannot be "
@@ -38,6 +39,23 @@ def python_limits(args: argparse.Namespace) -> SandboxLimits:
     seconds = args.python_tool_timeout
     return SandboxLimits(wall_seconds=seconds, cpu_seconds=max(1, round(seconds)),
                          memory_bytes=args.python_tool_memory_mb << 20)
+
+
+def tool_server_options(args: argparse.Namespace) -> ToolServerOptions:
+    """`osserve serve`'s tool flags as the registry takes them."""
+    from pathlib import Path
+
+    from osserve.tools.registry import ToolServerOptions
+
+    timeout = args.tool_call_timeout
+    if timeout <= 0 or args.python_tool_timeout <= 0:
+        from osserve.errors import ConfigError
+
+        raise ConfigError("--tool-call-timeout and --python-tool-timeout must be positive", "tool_call_timeout")
+    documents = Path(args.browser_documents) if args.browser_documents else None
+    return ToolServerOptions(python_limits=python_limits(args), allow_unsafe_python_tool=args.allow_unsafe_python_tool,
+                             browser=args.browser_backend, browser_documents=documents, mcp_call_timeout=timeout,
+                             browser_call_timeout=timeout, allowed_server_urls=tuple(args.allow_tool_server_url))
 
 
 def run_tools_command(args: argparse.Namespace) -> int:

@@ -68,3 +68,9 @@ def expand_compact(path: str | Path, out_dir: str | Path) -> Path:
     (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     tmp.rename(out / SINGLE_FILE)  # last: a folder with model.safetensors is complete
     return out
+
+
+def corpus_version(path: str | Path) -> int:
+    """The corpus a compact checkpoint was trained on (demo/corpus.py); 1 where it does not say."""
+    with safe_open(str(path), framework="pt") as f:
+        return int((f.metadata() or {}).get("corpus_version", "1"))

@@ -1,10 +1,21 @@
 """The demo model's synthetic corpus: harmony conversations it is trained on and evaluated with.
 
-Five skills, each a generator of `Example`s: two-digit addition, unit conversion, counting a
-letter in a word, two function tools (get_weather, get_time) used when they are declared and
-relevant, and a greeting. The assistant always reasons in `analysis` first; the reasoning effort
-sets how long that is. Every answer is a fixed function of the prompt, so "exactly right" is
-checkable.
+Skills, each a generator of `Example`s: two-digit addition, unit conversion, counting a letter in a
+word, two function tools (get_weather, get_time) used when they are declared and relevant, a
+greeting, and (corpus 2) multiplication through the built-in `python` tool. The assistant always
+reasons in `analysis` first; the reasoning effort sets how long that is. Every answer is a fixed
+function of the prompt, so "exactly right" is checkable.
+
+Two versions, by `CORPUS_VERSION` (a checkpoint's metadata says which it was trained on; the
+shipped weights, without one, on corpus 1):
+1. as above without python; additions reasoned by tens and ones ("Total: 180 + 18 = 198": the
+   model got sums past 99 wrong, 99 + 99 = 188); every tool declared with the same words.
+2. additions digit by digit with the carry, as written by hand ("Ones: 9 + 9 = 18: write 8, carry
+   1. Tens: 9 + 9 + 1 = 19."); tools declared as users write them (other descriptions, `location`
+   for `city`, with or without `required`: the corpus-1 model, shown `get_time` with a description
+   of its user's, called it "the weather" or said it had no tool); multiplication through python
+   when `code_interpreter` is declared (the call `print(a * b)` in analysis, the printed product
+   used in the answer), and said to need it when not; python declared beside unrelated questions.
 
 A prompt's user text decides its split: one in eight texts (by hash) is held out from training
 and used only for evaluation, so the evaluation never sees a prompt the model was trained on.
@@ -22,11 +33,22 @@ from typing import Any, Literal
 
 from openai_harmony import Message
 
-from osserve.harmony.render import ChatMessage, Effort, FunctionTool, ToolCall, assistant_messages, render_chat
+from osserve.harmony.render import (
+    ChatMessage,
+    Effort,
+    FunctionTool,
+    ToolCall,
+    ToolNamespaces,
+    assistant_messages,
+    render_chat,
+)
 from osserve.tokenizer import load_tokenizer
+from osserve.tools.python.sandbox import SandboxLimits
+from osserve.tools.python.tool import python_namespace
 
 Split = Literal["train", "heldout"]
 EFFORTS: tuple[Effort, ...] = ("low", "medium", "high")
+CORPUS_VERSION = 2  # what training draws now (see the module docstring)
 
 WEATHER_TOOL = FunctionTool(
     "get_weather", "Get the current weather in a city.",
@@ -86,6 +108,7 @@ class Example:
     answer: str | None = None  # the final answer; None when this turn is a tool call
     tool_call: ToolCall | None = None
     extra: dict[str, Any] = field(default_factory=dict)  # what an evaluation needs (city, kind)
+    python: bool = False  # the built-in python tool is declared (the Responses API's code_interpreter)
 
     @property
     def user_text(self) -> str:
@@ -108,6 +131,21 @@ def addition(rng: random.Random, effort: Effort) -> Example:
                        "What is the sum of {a} and {b}?")).format(a=a, b=b)
     ta, tb, oa, ob = a // 10 * 10, b // 10 * 10, a % 10, b % 10
     steps = f"Tens: {ta} + {tb} = {ta + tb}. Ones: {oa} + {ob} = {oa + ob}. Total: {ta + tb} + {oa + ob} = {s}."
+    reasoning = _reason(effort, steps, f"Add {a} and {b}. {steps}", f"Add {a} and {b}. {steps} Check: {b} + {a} = {s}.")
+    return Example("addition", [ChatMessage("user", text)], [], effort, reasoning, f"{a} + {b} = {s}.")
+
+
+def addition_by_digits(rng: random.Random, effort: Effort) -> Example:
+    """Corpus 2's addition: the ones, then the tens with the carry, as written by hand."""
+    a, b = rng.randrange(100), rng.randrange(100)
+    s = a + b
+    text = rng.choice(("What is {a} + {b}?", "Compute {a} plus {b}.", "Add {a} and {b}.", "{a} + {b} = ?",
+                       "What is the sum of {a} and {b}?")).format(a=a, b=b)
+    ones = a % 10 + b % 10
+    carry = ones // 10
+    tens = a // 10 + b // 10 + carry
+    steps = (f"Ones: {a % 10} + {b % 10} = {ones}: write {ones % 10}, carry {carry}. "
+             f"Tens: {a // 10} + {b // 10} + {carry} = {tens}. Total: {s}.")
     reasoning = _reason(effort, steps, f"Add {a} and {b}. {steps}", f"Add {a} and {b}. {steps} Check: {b} + {a} = {s}.")
     return Example("addition", [ChatMessage("user", text)], [], effort, reasoning, f"{a} + {b} = {s}.")
 
@@ -173,15 +211,48 @@ def tool_answer(kind: str, result: dict[str, Any]) -> tuple[str, str]:
     return f"The tool says it is {result['time']} in {c}.", f"It is {result['time']} in {c}."
 
 
-def tool_use(rng: random.Random, effort: Effort) -> list[Example]:
+DESCRIPTIONS = {
+    "get_weather": ("Get the current weather in a city.", "Get the current weather in a given city", "",
+                    "Returns the weather for a location.", "Look up today's weather.", "Current weather conditions"),
+    "get_time": ("Get the current local time in a city.", "Get the current time in a given city", "",
+                 "Returns the local time for a location.", "Look up the time of day somewhere.", "Current time"),
+}
+PARAMETER_NOTES = ("The city name", "City name", "A city, e.g. Paris", "")
+
+
+def declared_tool(rng: random.Random, kind: str, varied: bool) -> FunctionTool:
+    """A tool as a client declares it: corpus 1's fixed words, or (varied) one of the ways users
+    write it, half the time the fixed one."""
+    if not varied or rng.random() < 0.5:
+        return TOOLS[kind]
+    name = rng.choice(("city", "city", "location"))
+    note = rng.choice(PARAMETER_NOTES)
+    schema: dict[str, Any] = {"type": "object", "properties": {name: {"type": "string", **({"description": note}
+                                                                                          if note else {})}}}
+    if rng.random() < 0.7:
+        schema["required"] = [name]
+    if rng.random() < 0.3:
+        schema["additionalProperties"] = False
+    return FunctionTool(kind, rng.choice(DESCRIPTIONS[kind]), schema)
+
+
+def city_argument(tool: FunctionTool) -> str:
+    """The declared tool's parameter that names the city."""
+    return next(iter((tool.parameters or {}).get("properties", {})), "city")
+
+
+def tool_use(rng: random.Random, effort: Effort, varied: bool = False) -> list[Example]:
     """A question one declared tool answers: the call turn, then the answer turn with its result."""
     kind = rng.choice(("get_weather", "get_time"))
-    tools = [TOOLS[kind]] if rng.random() < 0.5 else list(TOOLS.values())
+    other = "get_time" if kind == "get_weather" else "get_weather"
+    tool = declared_tool(rng, kind, varied)
+    both = [tool, declared_tool(rng, other, varied)] if varied else list(TOOLS.values())
+    tools = [tool] if rng.random() < 0.5 else both
     rng.shuffle(tools)
     city = rng.choice(CITIES)
     text = tool_question(rng, kind, city)
     user = [ChatMessage("user", text)]
-    call = ToolCall(f"call_{rng.randrange(10**8)}", kind, json.dumps({"city": city}))
+    call = ToolCall(f"call_{rng.randrange(10**8)}", kind, json.dumps({city_argument(tool): city}))
     what = "weather" if kind == "get_weather" else "local time"
     reasoning = _reason(effort, f"Call {kind} for {city}.",
                         f"The user asks for the {what} in {city}. I will call {kind}.",
@@ -197,37 +268,79 @@ def tool_use(rng: random.Random, effort: Effort) -> list[Example]:
     return [first, second]
 
 
-def missing_tool(rng: random.Random, effort: Effort) -> Example:
+def missing_tool(rng: random.Random, effort: Effort, varied: bool = False) -> Example:
     """A weather or time question with no tool to answer it (or only the other tool)."""
     kind = rng.choice(("get_weather", "get_time"))
     other = "get_time" if kind == "get_weather" else "get_weather"
-    tools = [] if rng.random() < 0.5 else [TOOLS[other]]
+    tools = [] if rng.random() < 0.5 else [declared_tool(rng, other, varied)]
     text = tool_question(rng, kind, rng.choice(CITIES))
     reasoning = "The user asks for live information, but I have no tool for it."
     return Example("no_tool", [ChatMessage("user", text)], tools, effort, reasoning, NO_TOOL_ANSWER)
 
 
-SKILLS = (  # (weight, generator): generators return one Example or a list
-    (5, addition), (3, conversion), (4, letter_count), (1, greeting), (5, tool_use), (1, missing_tool),
-)
+def multiplication(rng: random.Random, effort: Effort) -> list[Example]:
+    """Corpus 2: a product of two numbers (11-999): with python declared, the call, then the answer
+    turn with what it printed; without, the model says it needs python (it cannot multiply)."""
+    a, b = rng.randrange(11, 1000), rng.randrange(11, 1000)
+    text = rng.choice(("What is {a} * {b}?", "What is {a} times {b}?", "Multiply {a} by {b}.", "{a} * {b} = ?",
+                       "Compute {a} × {b}.", "What is the product of {a} and {b}?")).format(a=a, b=b)
+    user = [ChatMessage("user", text)]
+    extra = {"a": a, "b": b}
+    if rng.random() < 0.15:
+        reasoning = f"Multiplying {a} by {b} needs python, and I have no python tool here."
+        return [Example("no_python", user, [], effort, reasoning, PYTHON_NEEDED, extra=extra)]
+    reasoning = _reason(effort, f"Multiply {a} by {b} in python.", f"Multiply {a} by {b}. I will use python.",
+                        f"Multiply {a} by {b}. That is too long to do in my head, so I will run it in python.")
+    call = ToolCall(f"ci_{rng.randrange(10**8)}", "python", f"print({a} * {b})", recipient="python",
+                    channel="analysis")
+    first = Example("python_call", user, [], effort, reasoning, tool_call=call, extra=extra, python=True)
+    history = user + [ChatMessage("assistant", None, reasoning=reasoning, tool_calls=[call]),
+                      ChatMessage("tool", f"{a * b}\n", tool_call_id=call.id)]
+    second = Example("python_answer", history, [], effort, f"python printed {a * b}.", f"{a} * {b} = {a * b}.",
+                     extra=extra, python=True)
+    return [first, second]
 
 
-def _one_draw(rng: random.Random) -> list[Example]:
-    gen = rng.choices([g for _, g in SKILLS], weights=[w for w, _ in SKILLS])[0]
+PYTHON_NEEDED = "I need the python tool to multiply numbers this large."
+
+
+def _tool_use_varied(rng: random.Random, effort: Effort) -> list[Example]:
+    return tool_use(rng, effort, varied=True)
+
+
+def _missing_tool_varied(rng: random.Random, effort: Effort) -> Example:
+    return missing_tool(rng, effort, varied=True)
+
+
+SKILLS_BY_VERSION: dict[int, tuple[tuple[int, Any], ...]] = {  # (weight, generator): one Example or a list
+    1: ((5, addition), (3, conversion), (4, letter_count), (1, greeting), (5, tool_use), (1, missing_tool)),
+    2: ((6, addition_by_digits), (3, conversion), (4, letter_count), (1, greeting), (6, _tool_use_varied),
+        (1, _missing_tool_varied), (4, multiplication)),
+}
+ANSWERED_DIRECTLY = (addition, addition_by_digits, conversion, letter_count, greeting)
+
+
+def _one_draw(rng: random.Random, version: int) -> list[Example]:
+    skills = SKILLS_BY_VERSION[version]
+    gen = rng.choices([g for _, g in skills], weights=[w for w, _ in skills])[0]
     effort = rng.choices(EFFORTS, weights=(1, 2, 1))[0]
     got = gen(rng, effort)
-    if gen in (addition, conversion, letter_count, greeting) and rng.random() < 0.15:
+    examples = got if isinstance(got, list) else [got]
+    if gen in ANSWERED_DIRECTLY and rng.random() < 0.15:
         # Tools declared but irrelevant: the model must answer, not call one.
-        for ex in got if isinstance(got, list) else [got]:
+        for ex in examples:
             ex.tools = list(TOOLS.values())[: rng.randrange(1, 3)]
-    return got if isinstance(got, list) else [got]
+    if version >= 2 and gen is not multiplication and rng.random() < 0.1:
+        for ex in examples:  # python declared, for another question: answered as without it
+            ex.python = True
+    return examples
 
 
-def draw_examples(rng: random.Random, n: int, split: Split) -> list[Example]:
+def draw_examples(rng: random.Random, n: int, split: Split, version: int = CORPUS_VERSION) -> list[Example]:
     """n examples of one split (greetings are too few to hold any out: they are in both)."""
     out: list[Example] = []
     while len(out) < n:
-        for ex in _one_draw(rng):
+        for ex in _one_draw(rng, version):
             if ex.task == "greeting" or split_of(ex.user_text) == split:
                 out.append(ex)
     return out[:n]
@@ -240,11 +353,16 @@ def completion_messages(ex: Example) -> list[Message]:
     return assistant_messages(ChatMessage("assistant", ex.answer, reasoning=ex.reasoning, tool_calls=calls))
 
 
+def namespaces(ex: Example) -> ToolNamespaces | None:
+    """The built-in tools the example's prompt declares, as the server shows them."""
+    return ToolNamespaces(builtin=[python_namespace(SandboxLimits())]) if ex.python else None
+
+
 def tokenize(ex: Example) -> tuple[list[int], int]:
     """(prompt + completion token ids, prompt length): the prompt exactly as the server renders it,
     the completion as the model must write it (a final answer ends with <|return|>)."""
     enc = load_tokenizer().encoding
-    prompt = render_chat(ex.messages, tools=ex.tools, reasoning_effort=ex.effort).token_ids
+    prompt = render_chat(ex.messages, tools=ex.tools, reasoning_effort=ex.effort, namespaces=namespaces(ex)).token_ids
     start_assistant = prompt[-2:]  # the prompt ends with <|start|>assistant
     completion: list[int] = []
     for i, m in enumerate(completion_messages(ex)):

@@ -16,8 +16,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from osserve.demo.compact import corpus_version
 from osserve.demo.draft_compact import expand_draft
 from osserve.demo.evaluate import heldout_examples
+from osserve.demo.weights import DEMO_WEIGHTS
 from osserve.engine.core.sampling_params import SamplingParams
 from osserve.harmony.render import render_chat
 
@@ -37,7 +39,8 @@ class DraftReport:
 
 
 def prompts(n: int) -> list[list[int]]:
-    examples = heldout_examples(n, effort=None)
+    """n held-out prompts of the corpus the built-in model (the draft's target) learned."""
+    examples = heldout_examples(n, effort=None, version=corpus_version(DEMO_WEIGHTS))
     return [render_chat(ex.messages, tools=ex.tools, reasoning_effort=ex.effort).token_ids for ex in examples]
 
 

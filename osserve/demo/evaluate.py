@@ -4,18 +4,23 @@
 of requests: the offline LLM (`llm_asker`, used after training) or the HTTP server through the
 official `openai` client (the test). A tool-using prompt takes two turns: the model must call a
 declared tool with JSON arguments valid for its schema; the evaluation then runs the tool (a fixed
-fake service) and sends the result back, and the model's final answer must use it exactly.
+fake service) and sends the result back, and the model's final answer must use it exactly. A
+multiplication with python declared (corpus 2) takes two turns the same way: the model must call
+`python`, the evaluation runs the call (`print(a * b)` is all its fake python knows) and the answer
+must use what it printed. The held-out prompts are drawn from the corpus the checkpoint was
+trained on (`corpus_version` in its metadata).
 """
 
 from __future__ import annotations
 
 import json
 import random
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from osserve.demo.corpus import Example, draw_examples, time_result, tool_answer, weather_result
+from osserve.demo.corpus import CORPUS_VERSION, Example, draw_examples, time_result, tool_answer, weather_result
 from osserve.harmony.render import ChatMessage, Effort, FunctionTool, ToolCall
 
 
@@ -24,6 +29,7 @@ class AskRequest:
     messages: list[ChatMessage]
     tools: list[FunctionTool]
     effort: Effort
+    python: bool = False  # the built-in python tool is declared (only backends that can: the offline LLM)
 
 
 @dataclass
@@ -57,18 +63,34 @@ class EvalReport:
                 f"schema ({self.tool_call_valid_rate:.1%})")
 
 
-def heldout_examples(n: int, seed: int = 2026, effort: Effort | None = "medium") -> list[Example]:
-    """n first-turn prompts whose user text training never saw (corpus.split_of)."""
-    pool = draw_examples(random.Random(seed), 4 * n, "heldout")
-    firsts = [ex for ex in pool if ex.task != "tool_answer"][:n]
+SECOND_TURNS = ("tool_answer", "python_answer")
+PYTHON_TASKS = ("python_call", "python_answer", "no_python")
+
+
+def heldout_examples(n: int, seed: int = 2026, effort: Effort | None = "medium", version: int = CORPUS_VERSION,
+                     python: bool = False) -> list[Example]:
+    """n first-turn prompts whose user text training never saw (corpus.split_of): the python ones
+    (multiplications, with python declared or not, and questions beside a declared python) with
+    python=True, the others without."""
+    pool = draw_examples(random.Random(seed), (12 if python else 4) * n, "heldout", version)
+    firsts = [ex for ex in pool if ex.task not in SECOND_TURNS
+              and (ex.task in PYTHON_TASKS or ex.python) == python][:n]
     for ex in firsts:
         ex.effort = effort or ex.effort
     return firsts
 
 
+def fake_python(code: str) -> str:
+    """What the evaluation's python prints: a product written as the corpus writes it, else an error."""
+    m = re.fullmatch(r"\s*print\((\d+) \* (\d+)\)\s*", code)
+    if m is None:
+        return "SyntaxError: the evaluation runs print(a * b) only\n"
+    return f"{int(m.group(1)) * int(m.group(2))}\n"
+
+
 def fake_service(name: str, arguments: dict[str, Any]) -> dict[str, Any]:
     """The tools' results: a fixed function of the call, so runs are repeatable."""
-    city = str(arguments.get("city", ""))
+    city = str(arguments.get("city", arguments.get("location", "")))
     rng = random.Random(f"{name}:{city}")
     return (weather_result if name == "get_weather" else time_result)(city, rng)
 
@@ -92,9 +114,22 @@ def valid_call(name: str, arguments: str, tools: list[FunctionTool]) -> dict[str
 
 def evaluate(ask: Ask, examples: list[Example]) -> EvalReport:
     report = EvalReport(prompts=len(examples))
-    replies = ask([AskRequest(ex.messages, ex.tools, ex.effort) for ex in examples])
+    replies = ask([AskRequest(ex.messages, ex.tools, ex.effort, ex.python) for ex in examples])
     second: list[tuple[Example, str, AskRequest]] = []
     for ex, reply in zip(examples, replies, strict=True):
+        if ex.task == "python_call":
+            report.tool_calls_expected += 1
+            code = next((arguments for name, arguments in reply.tool_calls if name == "python"), None)
+            if code is None or len(reply.tool_calls) != 1:
+                report.failures.append(f"{ex.user_text!r}: wanted one python call, got {reply}")
+                continue
+            report.tool_calls_valid += 1
+            call = ToolCall("ci_0", "python", code, recipient="python", channel="analysis")
+            messages = ex.messages + [ChatMessage("assistant", None, tool_calls=[call]),
+                                      ChatMessage("tool", fake_python(code), tool_call_id=call.id)]
+            a, b = ex.extra["a"], ex.extra["b"]
+            second.append((ex, f"{a} * {b} = {a * b}.", AskRequest(messages, ex.tools, ex.effort, True)))
+            continue
         if ex.tool_call is None:
             if reply.content == ex.answer and not reply.tool_calls:
                 report.answers_right += 1
@@ -117,7 +152,7 @@ def evaluate(ask: Ask, examples: list[Example]) -> EvalReport:
         messages = ex.messages + [ChatMessage("assistant", None, tool_calls=[call]),
                                   ChatMessage("tool", json.dumps(result), tool_call_id=call.id)]
         expected = tool_answer(ex.extra["kind"], fake_service(ex.extra["kind"], {"city": ex.extra["city"]}))[1]
-        second.append((ex, expected, AskRequest(messages, ex.tools, ex.effort)))
+        second.append((ex, expected, AskRequest(messages, ex.tools, ex.effort, ex.python)))
     for (ex, expected, _), reply in zip(second, ask([r for _, _, r in second]), strict=True):
         if reply.content == expected and not reply.tool_calls:
             report.answers_right += 1
@@ -130,11 +165,15 @@ def evaluate(ask: Ask, examples: list[Example]) -> EvalReport:
 def llm_asker(llm: Any, max_tokens: int = 160) -> Ask:
     """Batched greedy answers from an offline `osserve.engine.llm.LLM`."""
     from osserve.engine.core.sampling_params import SamplingParams
-    from osserve.harmony.render import render_chat
+    from osserve.harmony.render import ToolNamespaces, render_chat
     from osserve.harmony.stream import parse_completion
+    from osserve.tools.python.sandbox import SandboxLimits
+    from osserve.tools.python.tool import python_namespace
 
     def ask(requests: list[AskRequest]) -> list[Reply]:
-        prompts = [render_chat(r.messages, tools=r.tools, reasoning_effort=r.effort) for r in requests]
+        prompts = [render_chat(r.messages, tools=r.tools, reasoning_effort=r.effort,
+                               namespaces=ToolNamespaces(builtin=[python_namespace(SandboxLimits())]) if r.python
+                               else None) for r in requests]
         outs = llm.generate([p.token_ids for p in prompts], SamplingParams(temperature=0.0, max_tokens=max_tokens))
         replies = []
         for out in outs:
@@ -152,7 +191,7 @@ def main(argv: list[str] | None = None) -> None:
     import argparse
     import tempfile
 
-    from osserve.demo.compact import expand_compact
+    from osserve.demo.compact import corpus_version, expand_compact
     from osserve.engine.llm import LLM
 
     p = argparse.ArgumentParser(description=main.__doc__)
@@ -161,13 +200,17 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--device", default=None)
     p.add_argument("--show-failures", type=int, default=10)
     a = p.parse_args(argv)
+    version = corpus_version(a.compact)
+    print(f"corpus {version}", flush=True)
     with tempfile.TemporaryDirectory() as tmp:
         llm = LLM(model=str(expand_compact(a.compact, tmp)), device=a.device, max_model_len=1024)
         for effort in ("medium", "low", "high"):
-            report = evaluate(llm_asker(llm), heldout_examples(a.n, effort=effort))
-            print(f"reasoning {effort}: {report.summary()}", flush=True)
-            for line in report.failures[: a.show_failures]:
-                print("  ", line)
+            for python in (False, True) if version >= 2 else (False,):
+                report = evaluate(llm_asker(llm), heldout_examples(a.n, effort=effort, version=version, python=python))
+                what = "python declared or asked for" if python else "no python"
+                print(f"reasoning {effort}, {what}: {report.summary()}", flush=True)
+                for line in report.failures[: a.show_failures]:
+                    print("  ", line)
 
 
 if __name__ == "__main__":

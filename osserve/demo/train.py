@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 
 from osserve.demo.compact import save_compact
-from osserve.demo.corpus import Example, draw_examples, tokenize
+from osserve.demo.corpus import CORPUS_VERSION, Example, draw_examples, tokenize
 from osserve.demo.trainable import DEMO_CONFIG, DemoTrainable
 
 
@@ -131,7 +131,7 @@ def train(cfg: TrainConfig) -> Path:
     device_name = torch.cuda.get_device_name() if cfg.device == "cuda" else "cpu"
     meta = {k: str(v) for k, v in asdict(cfg).items() if k != "out"}
     meta |= {"train_seconds": f"{seconds:.0f}", "hardware": device_name, "final_loss": f"{loss_avg:.4f}",
-             "steps_done": str(step + 1)}
+             "steps_done": str(step + 1), "corpus_version": str(CORPUS_VERSION)}
     path = save_compact(model, cfg.out, meta)
     print(f"saved {path} ({path.stat().st_size / 2**20:.1f} MiB) after {seconds:.0f} s on {device_name}", flush=True)
     return path

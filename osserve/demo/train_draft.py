@@ -30,6 +30,7 @@ import torch
 import torch.nn.functional as F
 
 from osserve.config import YarnRope
+from osserve.demo.compact import corpus_version
 from osserve.demo.corpus import draw_examples, tokenize
 from osserve.demo.draft_compact import save_draft
 from osserve.demo.trainable import DEMO_CONFIG, DemoTrainable, trainable_from_compact
@@ -242,10 +243,14 @@ def make_batch(examples: list[Example], ttt: int, device: str) -> Batch:
     return Batch(ids.to(device), aux.to(device), rows.to(device), probs.to(device), valid.to(device))
 
 
-def batches(cfg: DraftTrainConfig, vocab: list[int]) -> tuple[list[torch.Tensor], list[int]]:
+def batches(cfg: DraftTrainConfig, vocab: list[int],
+            version: int | None = None) -> tuple[list[torch.Tensor], list[int]]:
+    """Training sequences over the target's compact ids, drawn from the corpus the target learned
+    (`version`; default: the shipped weights'), whose tokens its vocabulary holds."""
     index = {t: i for i, t in enumerate(vocab)}
     seqs, prompts = [], []
-    for ex in draw_examples(random.Random(cfg.seed + 1), cfg.examples, "train"):
+    version = corpus_version(DEMO_WEIGHTS) if version is None else version
+    for ex in draw_examples(random.Random(cfg.seed + 1), cfg.examples, "train", version=version):
         ids, prompt_len = tokenize(ex)
         seqs.append(torch.tensor([index[t] for t in ids]))
         prompts.append(prompt_len)

@@ -5,7 +5,10 @@ system + developer messages become harmony's developer instructions (the harmony
 carries the reasoning effort and the channel rules); function tools are declared in the
 developer message; an assistant turn's reasoning goes to `analysis`, its content to `final`, its
 tool calls to `commentary` with recipient `functions.NAME`; tool results come back from
-`functions.NAME` to the assistant. Earlier analysis is dropped once a final answer follows it,
+`functions.NAME` to the assistant. The built-in tools (`browser`, `python`) are declared in the
+system message and called in `analysis` (`to=python code`), other tool namespaces (MCP servers) in
+the developer message beside `functions`; a call's result comes back from its recipient, in the
+call's channel. Earlier analysis is dropped once a final answer follows it,
 but kept since the last final when the last assistant action was a tool call (harmony's
 auto_drop_analysis does exactly this).
 """
@@ -27,6 +30,7 @@ from openai_harmony import (
     Role,
     SystemContent,
     ToolDescription,
+    ToolNamespaceConfig,
 )
 
 from osserve.errors import InvalidRequestError
@@ -39,7 +43,13 @@ Effort = Literal["low", "medium", "high"]
 class ToolCall:
     id: str
     name: str
-    arguments: str  # JSON text, as the model wrote it
+    arguments: str  # JSON text, as the model wrote it (python's code for the python tool)
+    recipient: str | None = None  # the harmony recipient when not `functions.NAME` (python, browser.search, mcp.tool)
+    channel: str = "commentary"  # where the model made the call: built-in tools are called in analysis
+
+    @property
+    def harmony_recipient(self) -> str:
+        return self.recipient or f"functions.{self.name}"
 
 
 @dataclass
@@ -77,8 +87,12 @@ class RenderedPrompt:
     token_ids: list[int]  # the prompt, ending with `<|start|>assistant`: the model writes the header
 
 
-def _system_message(effort: Effort, has_tools: bool) -> Message:
+def _system_message(effort: Effort, builtin_tools: list[ToolNamespaceConfig]) -> Message:
+    """harmony's system message: the reasoning effort, and the built-in tools gpt-oss was trained
+    to find there (browser, python)."""
     content = SystemContent.new().with_reasoning_effort(ReasoningEffort(effort.capitalize()))
+    for namespace in builtin_tools:
+        content = content.with_tools(namespace)
     return Message.from_role_and_content(Role.SYSTEM, content)
 
 
@@ -89,10 +103,11 @@ def _response_format_text(fmt: ResponseFormat) -> str:
 
 
 def _developer_message(instructions: list[str], tools: list[FunctionTool],
-                       response_format: ResponseFormat | None = None) -> Message | None:
+                       response_format: ResponseFormat | None = None,
+                       namespaces: list[ToolNamespaceConfig] | None = None) -> Message | None:
     if response_format is not None:
         instructions = [*instructions, _response_format_text(response_format)]
-    if not instructions and not tools:
+    if not instructions and not tools and not namespaces:
         return None
     content = DeveloperContent.new()
     if instructions:
@@ -101,6 +116,8 @@ def _developer_message(instructions: list[str], tools: list[FunctionTool],
         content = content.with_function_tools(
             [ToolDescription.new(t.name, t.description, parameters=t.parameters) for t in tools]
         )
+    for namespace in namespaces or []:
+        content = content.with_tools(namespace)
     return Message.from_role_and_content(Role.DEVELOPER, content)
 
 
@@ -115,41 +132,54 @@ def assistant_messages(m: ChatMessage) -> list[Message]:
     for call in m.tool_calls:
         out.append(
             Message.from_role_and_content(Role.ASSISTANT, call.arguments)
-            .with_channel("commentary")
-            .with_recipient(f"functions.{call.name}")
-            .with_content_type("<|constrain|>json")
+            .with_channel(call.channel)
+            .with_recipient(call.harmony_recipient)
+            # The built-in tools' calls are `code` (gpt-oss writes `to=python code`), the others JSON.
+            .with_content_type("code" if call.channel == "analysis" else "<|constrain|>json")
         )
     return out
 
 
+@dataclass
+class ToolNamespaces:
+    """Tool namespaces beside the function tools: the built-in ones (browser, python) go in the
+    system message, the others (MCP servers) in the developer message."""
+
+    builtin: list[ToolNamespaceConfig] = field(default_factory=list)
+    developer: list[ToolNamespaceConfig] = field(default_factory=list)
+
+
 def harmony_messages(messages: list[ChatMessage], tools: list[FunctionTool], reasoning_effort: Effort,
-                     response_format: ResponseFormat | None = None) -> tuple[list[Message], int]:
+                     response_format: ResponseFormat | None = None,
+                     namespaces: ToolNamespaces | None = None) -> tuple[list[Message], int]:
     """The chat as harmony messages, and how many of them lead it (the system message and the
     developer's, if any: their tokens are rendered once, _render_head)."""
+    namespaces = namespaces or ToolNamespaces()
     instructions = [m.content for m in messages if m.role in ("system", "developer") and m.content]
-    convo: list[Message] = [_system_message(reasoning_effort, bool(tools))]
-    dev = _developer_message(instructions, tools, response_format)
+    convo: list[Message] = [_system_message(reasoning_effort, namespaces.builtin)]
+    dev = _developer_message(instructions, tools, response_format, namespaces.developer)
     if dev is not None:
         convo.append(dev)
-    call_names: dict[str, str] = {}
+    calls: dict[str, ToolCall] = {}
     for m in messages:
         if m.role in ("system", "developer"):
             continue
         if m.role == "user":
             convo.append(Message.from_role_and_content(Role.USER, m.content or ""))
         elif m.role == "assistant":
-            call_names.update({c.id: c.name for c in m.tool_calls})
+            calls.update({c.id: c for c in m.tool_calls})
             convo.extend(assistant_messages(m))
         elif m.role == "tool":
-            name = call_names.get(m.tool_call_id or "") or m.name
-            if name is None:
+            call = calls.get(m.tool_call_id or "")
+            if call is None and m.name is None:
                 raise InvalidRequestError(
                     f"tool message refers to tool_call_id {m.tool_call_id!r}, which no earlier "
                     "assistant message made", "messages",
                 )
+            author = call.harmony_recipient if call is not None else f"functions.{m.name}"
             convo.append(
-                Message.from_author_and_content(Author.new(Role.TOOL, f"functions.{name}"), m.content or "")
-                .with_channel("commentary")
+                Message.from_author_and_content(Author.new(Role.TOOL, author), m.content or "")
+                .with_channel(call.channel if call is not None else "commentary")
                 .with_recipient("assistant")
             )
         else:
@@ -165,12 +195,15 @@ def render_chat(
     tool_choice: ToolChoice = "auto",
     reasoning_effort: Effort = "medium",
     response_format: ResponseFormat | None = None,
+    namespaces: ToolNamespaces | None = None,
 ) -> RenderedPrompt:
     """The prompt tokens for the assistant's next turn. A forced or forbidden tool call is the
     output grammar's to enforce (structured/grammar.py): the prompt only leaves out the tools of
     tool_choice "none", as vLLM does (the model is not told of tools it may not call)."""
     tools = [] if tool_choice == "none" else list(tools or [])
-    convo, head = harmony_messages(messages, tools, reasoning_effort, response_format)
+    if tool_choice == "none":
+        namespaces = None
+    convo, head = harmony_messages(messages, tools, reasoning_effort, response_format, namespaces)
     enc = load_tokenizer().encoding
     ids = list(_render_head(Conversation.from_messages(convo[:head]).to_json()))
     ids += enc.render_conversation_for_completion(  # type: ignore[attr-defined]
@@ -203,6 +236,16 @@ def _drop_analysis_before_last_final(convo: list[Message]) -> list[Message]:
         return convo
     last = finals[-1]
     return [m for i, m in enumerate(convo) if not (i < last and m.channel == "analysis")]
+
+
+def tool_result_tokens(call: ToolCall, text: str) -> list[int]:
+    """A tool's result as harmony renders it after the call (from the call's recipient, in its
+    channel), then `<|start|>assistant`: what the model reads before it goes on."""
+    result = (Message.from_author_and_content(Author.new(Role.TOOL, call.harmony_recipient), text)
+              .with_channel(call.channel).with_recipient("assistant"))
+    enc = load_tokenizer().encoding
+    return list(enc.render_conversation_for_completion(  # type: ignore[attr-defined]
+        Conversation.from_messages([result]), Role.ASSISTANT, RENDER_CONFIG))
 
 
 def tool_arguments_json(arguments: str | dict[str, Any]) -> str:

@@ -50,7 +50,9 @@ class ContentDelta:
 class ToolCallStart:
     index: int
     id: str
-    name: str
+    name: str  # the function's name (the recipient without `functions.`)
+    recipient: str = field(default="", compare=False)  # as the model wrote it: functions.f, python, browser.search
+    channel: str = field(default="commentary", compare=False)
 
 
 @dataclass
@@ -67,6 +69,8 @@ class ParsedToolCall:
     id: str
     name: str
     arguments: str
+    recipient: str = ""  # the whole recipient: functions.f, python, browser.search, label.tool
+    channel: str = "commentary"  # the channel the call was made in
 
 
 @dataclass
@@ -187,19 +191,19 @@ class HarmonyStreamParser:
         recipient_match = _RECIPIENT.search(raw)
         recipient = recipient_match.group(1) if recipient_match else None
         if recipient and recipient != "assistant":
-            self._begin("tool", out, recipient.removeprefix("functions."))
+            self._begin("tool", out, recipient, channel or "commentary")
         elif channel == "analysis":
             self._begin("reasoning", out)
         else:  # final, a commentary preamble, or an unknown channel: the answer text
             self._begin("content", out)
 
-    def _begin(self, kind: str, out: list[Delta], tool_name: str = "") -> None:
+    def _begin(self, kind: str, out: list[Delta], recipient: str = "", channel: str = "commentary") -> None:
         self.kind, self.state, self.header = kind, _State.CONTENT, []
         self.decoder = IncrementalDecoder(self.tok)
         if kind == "tool":
-            call = ParsedToolCall(self.new_call_id(), tool_name, "")
+            call = ParsedToolCall(self.new_call_id(), recipient.removeprefix("functions."), "", recipient, channel)
             self.parsed.tool_calls.append(call)
-            out.append(ToolCallStart(len(self.parsed.tool_calls) - 1, call.id, call.name))
+            out.append(ToolCallStart(len(self.parsed.tool_calls) - 1, call.id, call.name, recipient, channel))
 
     def _header_as_text(self, out: list[Delta]) -> None:
         """A header that never became one (too long, or output ended inside it): show its

@@ -1,9 +1,13 @@
 """The HTTP app: `create_app(engine, tokenizer, config)` wires the routes, errors, auth, body
-limit and metrics around any EngineClient (the real AsyncEngine, or a test stub)."""
+limit and metrics around any EngineClient (the real AsyncEngine, or a test stub), and starts the
+tools the Responses API runs (`--tool-server`) with the app, in its own event loop: each HTTP
+process (api_servers.py) has tools of its own."""
 
 from __future__ import annotations
 
 import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -15,12 +19,14 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from osserve import __version__
 from osserve.engine.core.outputs import EngineClient
 from osserve.model.card import ModelCard
-from osserve.server import chat, completions, ollama, responses
+from osserve.server import chat, completions, ollama
 from osserve.server.errors import error_response, install_error_handlers
 from osserve.server.generation import ServerState
 from osserve.server.metrics import ServerMetrics
+from osserve.server.responses import route as responses
 from osserve.server.responses_store import ResponseStore
 from osserve.tokenizer import Tokenizer
+from osserve.tools.registry import ToolServerOptions, ToolServers
 
 OPEN_PATHS = ("/health", "/metrics", "/docs", "/openapi.json", "/api/version")
 
@@ -34,6 +40,12 @@ class ServerConfig:
     responses_db: str = ":memory:"  # a file when several server processes share it (api_servers.py)
     model_card: ModelCard | None = None  # what /api/show, /api/tags and /api/ps tell of the model
     stream_interval: int = 1  # tokens per streamed chunk (vLLM's --stream-interval); the first comes at once
+    tool_servers: str | None = None  # --tool-server: demo, browser, python, MCP server URLs (comma-separated)
+    tool_options: ToolServerOptions | None = None  # the tools' limits, backend, allowed MCP URLs
+
+    @property
+    def runs_tools(self) -> bool:
+        return self.tool_servers is not None or bool(self.tool_options and self.tool_options.allowed_server_urls)
 
 
 class _Guard:
@@ -69,12 +81,25 @@ class _Guard:
 
 
 def create_app(engine: EngineClient, tokenizer: Tokenizer, config: ServerConfig) -> FastAPI:
-    app = FastAPI(title="osserve", version=__version__,
-                  description="OpenAI- and Ollama-compatible server for gpt-oss")
     state = ServerState(engine=engine, tokenizer=tokenizer, model_name=config.model_name,
                         metrics=ServerMetrics(engine.stats, config.model_name),
                         responses=ResponseStore(config.max_stored_responses, config.responses_db),
                         api_key=config.api_key, stream_interval=config.stream_interval)
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        """The tools live in the serving event loop (python sessions are its subprocesses)."""
+        if config.runs_tools:
+            state.tools = await ToolServers.start(config.tool_servers, config.tool_options)
+        try:
+            yield
+        finally:
+            await state.tool_states.close()
+            if state.tools is not None:
+                await state.tools.close()
+
+    app = FastAPI(title="osserve", version=__version__, lifespan=lifespan,
+                  description="OpenAI- and Ollama-compatible server for gpt-oss")
     app.state.osserve = state
     app.state.model_card = config.model_card
     app.add_middleware(_Guard, config=config)

@@ -20,6 +20,7 @@ from osserve.errors import (
     NotFoundError,
     OsserveError,
     OverloadedError,
+    ToolServerUnavailableError,
 )
 
 STATUS: list[tuple[type[OsserveError], int, str]] = [
@@ -27,6 +28,7 @@ STATUS: list[tuple[type[OsserveError], int, str]] = [
     (NotFoundError, 404, "not_found_error"),
     (OverloadedError, 503, "overloaded_error"),
     (EngineDeadError, 503, "engine_error"),
+    (ToolServerUnavailableError, 424, "external_connector_error"),
 ]
 
 

@@ -8,8 +8,8 @@ import json
 import secrets
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
-from typing import Any, TypeVar
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from osserve.engine.core.outputs import CompletionDelta, EngineClient
 from osserve.engine.core.sampling_params import DEFAULT_STOP_TOKEN_IDS, SamplingParams
@@ -19,6 +19,10 @@ from osserve.server.responses_store import ResponseStore
 from osserve.structured.grammar import check
 from osserve.structured.spec import StructuredOutputs
 from osserve.tokenizer import Tokenizer
+from osserve.tools.conversations import ToolStates
+
+if TYPE_CHECKING:
+    from osserve.tools.registry import ToolServers
 
 T = TypeVar("T")
 
@@ -32,6 +36,8 @@ class ServerState:
     responses: ResponseStore
     api_key: str | None = None
     stream_interval: int = 1  # tokens per delta handed on, after the first (vLLM's --stream-interval)
+    tools: ToolServers | None = None  # the tools the Responses API runs (--tool-server), started with the app
+    tool_states: ToolStates = field(default_factory=ToolStates)  # conversations' live tool state
 
     def check_model(self, name: str) -> None:
         # Ollama clients send "name:tag"; accept our name with any tag.

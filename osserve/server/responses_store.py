@@ -19,6 +19,7 @@ class StoredResponse:
     body: dict[str, Any]  # the response object as returned to the client
     conversation: list[ChatMessage] = field(default_factory=list)  # input + output, for chaining
     instructions: str | None = None
+    mcp_listed: list[str] = field(default_factory=list)  # MCP servers whose tools the conversation has listed
 
 
 class ResponseStore:

@@ -1,9 +1,11 @@
-"""Running the server from the command line: the engine (in this process, or its own), one HTTP
-process or several before it (api_servers.py), the start-up banner and the showcase."""
+"""Running the server from the command line: the tools checked, the engine (in this process, or
+its own), one HTTP process or several before it (api_servers.py), the start-up banner and the
+showcase."""
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import logging
 import threading
 import time
@@ -19,6 +21,7 @@ if TYPE_CHECKING:
     import uvicorn
 
     from osserve.engine.core.outputs import EngineClient
+    from osserve.tools.registry import ToolServerOptions
 
 log = logging.getLogger("osserve")
 
@@ -33,7 +36,11 @@ def run_server(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     name, card = served_model(args)
     config = ServerConfig(model_name=name, api_key=args.api_key, model_card=card,
-                          stream_interval=getattr(args, "stream_interval", 1))
+                          stream_interval=getattr(args, "stream_interval", 1),
+                          tool_servers=getattr(args, "tool_server", None),
+                          tool_options=_tool_options(args))
+    if config.runs_tools:
+        check_tools(config)  # before the engine loads: a tool that cannot start stops the server now
     count = args.api_server_count
     # On a GPU one HTTP process falls behind the engine: 20b served 18,084.2 / 18,760.9 tok/s with one,
     # 22,177.4 / 21,550.2 with two (H100, 2026-11-24, one call; BENCHMARKS.md, the 20b serving row).
@@ -75,6 +82,33 @@ def _stop_when_the_engine_dies(engine: EngineClient, server: uvicorn.Server, die
         time.sleep(0.5)
 
 
+def _tool_options(args: argparse.Namespace) -> ToolServerOptions | None:
+    if not hasattr(args, "tool_call_timeout"):
+        return None
+    from osserve.commands.tools import tool_server_options
+
+    return tool_server_options(args)
+
+
+def check_tools(config: ServerConfig) -> None:
+    """Starts the tools once and stops them: an unreachable MCP server, an unknown name or a python
+    tool that cannot be isolated is a ToolSetupError naming it (the command prints it, exit 1).
+    Each HTTP process then starts tools of its own (app.py)."""
+    from osserve.tools.registry import ToolServers
+
+    async def start_and_stop() -> list[str]:
+        servers = await ToolServers.start(config.tool_servers, config.tool_options)
+        try:
+            return list(servers.namespaces())
+        finally:
+            await servers.close()
+
+    names = asyncio.run(start_and_stop())
+    allowed = config.tool_options.allowed_server_urls if config.tool_options else ()
+    log.info("tools for the Responses API: %s%s", ", ".join(names) or "none",
+             f"; MCP URLs a request may name: {', '.join(allowed)}" if allowed else "")
+
+
 def served_model(args: argparse.Namespace) -> tuple[str, ModelCard]:
     """The served name and what the Ollama routes tell of the model. A Hugging Face id is resolved
     here, before any process starts (cache first, then the Hub: model/resolve.py), and the engine is
@@ -88,7 +122,9 @@ def served_model(args: argparse.Namespace) -> tuple[str, ModelCard]:
             raise ConfigError("--load-format dummy needs --preset tiny|20b|120b")
         return args.served_model_name or f"gpt-oss-{args.preset}", model_card(preset(args.preset), None, on_gpu)
     if args.model is None:
-        folder, name = builtin_model_dir(), "osserve-builtin"
+        from osserve.demo.weights import BUILTIN_NAME
+
+        folder, name = builtin_model_dir(), BUILTIN_NAME
     else:
         resolved = resolve_model(args.model, getattr(args, "revision", None), getattr(args, "download_dir", None))
         log.info("model %s: %s (%s)", args.model, resolved.path, resolved.source)

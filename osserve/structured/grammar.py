@@ -15,6 +15,10 @@ faked by text:
            | " to=functions.f"<|channel|>"commentary "<|constrain|>"json"<|message|> ARGS_f <|call|>
              (the recipient after the channel, as the harmony guide writes a call, or before it, as
              harmony renders past calls: a model trained on both may write either)
+    call_b:  <|channel|>"analysis to=browser.search code"<|message|> ARGS_b <|call|> | ...
+    call_p:  <|channel|>"analysis to=python code"<|message|> CODE <|call|> | ...
+             (the built-in tools, called in analysis with the `code` content type, as gpt-oss
+             writes them; an MCP server's tool `label.tool` takes a function's form)
 
 ANSWER is the answer format (JSON schema, any JSON object, a regex, one of a few strings, a
 grammar of the client's) or free text; ARGS_f is f's JSON schema where the call is forced or the
@@ -23,6 +27,12 @@ header the model writes is the call's. Where the answer or a call must fit in ma
 reasoning (with the preamble, which takes a quarter of it) gets at most half of them (at most
 REASONING_RESERVE fewer): a required call is never crowded out by endless reasoning (a
 random-weight model never ends it by itself).
+
+python's CODE is free text, as gpt-oss writes it: any ordinary tokens (no special token can
+forge a header or an end), at least one, and at most CODE_MAX_TOKENS (or what max_tokens leaves
+after the reasoning's share), so a forced call always ends with `<|call|>` and runs. Nothing checks
+that it is valid Python (no grammar of Python's indentation fits a Lark grammar): the sandbox runs
+it and the model reads the error if it is not.
 
 Whitespace between JSON tokens is at most one space: a model writes JSON compact or spaced
 (`{"a": 1, "b": 2}`, as json.dumps does) as it learned, but cannot pad it without end (the free
@@ -35,9 +45,11 @@ import json
 from typing import Any
 
 from osserve.errors import InvalidRequestError
-from osserve.structured.spec import StructuredOutputs
+from osserve.structured.spec import StructuredOutputs, ToolSpec
 
 REASONING_RESERVE = 1024  # tokens kept for the answer or call, at most, out of max_tokens
+CODE_MAX_TOKENS = 1024  # python's code in one call, at most
+CALL_HEADER_TOKENS = 16  # a call's header and end, kept out of the code's share of max_tokens
 JSON_OPTIONS = {"whitespace_pattern": r"\x20?"}
 ANY_OBJECT: dict[str, Any] = {"type": "object"}
 
@@ -73,14 +85,12 @@ def answer_rule(spec: StructuredOutputs) -> str:
 
 def harmony_lark(spec: StructuredOutputs, max_tokens: int | None) -> str:
     """The whole turn's grammar (see the module docstring)."""
-    calls = {t.name: t for t in spec.tools}
     if spec.tool_choice == "named":
-        assert spec.tool_name is not None
-        callable_ = [spec.tool_name]
+        callable_ = [t for t in spec.tools if t.name == spec.tool_name and not t.recipient][:1]
     elif spec.tool_choice == "none":
         callable_ = []
     else:
-        callable_ = list(calls)
+        callable_ = list(spec.tools)
     forced = spec.tool_choice in ("required", "named")
     preamble = bool(callable_) and not forced  # a preamble announces a call the model may choose
     actions = ([] if forced else ["final"]) + [f"call_{i}" for i in range(len(callable_))]
@@ -99,13 +109,33 @@ def harmony_lark(spec: StructuredOutputs, max_tokens: int | None) -> str:
         "action: " + " | ".join(actions),
         f'final: <|channel|> "final" <|message|> {answer_rule(spec)} <|return|>',
     ]
-    for i, name in enumerate(callable_):
-        tool = calls[name]
-        schema = tool.parameters if (forced or tool.strict) and tool.parameters else ANY_OBJECT
-        body = f'<|constrain|> "json" <|message|> {json_schema(schema)} <|call|>'
-        lines.append(f"call_{i}: <|channel|> {_literal(f'commentary to=functions.{name} ')} {body}"
-                     f" | {_literal(f' to=functions.{name}')} <|channel|> \"commentary \" {body}")
+    code_budget = CODE_MAX_TOKENS
+    if max_tokens is not None:
+        code_budget = max(1, min(CODE_MAX_TOKENS, max_tokens - budget - CALL_HEADER_TOKENS))
+    for i, tool in enumerate(callable_):
+        lines.extend(call_rules(f"call_{i}", tool, forced, code_budget))
     return "\n".join([*lines, *budgets, "TEXT: /(?s:.*)/"])
+
+
+def call_rules(rule: str, tool: ToolSpec, forced: bool, code_budget: int) -> list[str]:
+    """The rules of one tool's call: its header (the recipient after the channel, or before it),
+    its body, <|call|>."""
+    recipient = tool.harmony_recipient
+    if tool.free_text:
+        body_rule = [f"{rule}_code[max_tokens={code_budget}]: /(?s:.+)/"]
+        body = f"{rule}_code"
+    else:
+        schema = tool.parameters if (forced or tool.strict) and tool.parameters else ANY_OBJECT
+        body_rule, body = [], json_schema(schema)
+    if tool.channel == "analysis":  # the built-in tools: `analysis to=python code`
+        message = f"<|message|> {body} <|call|>"
+        after = f"<|channel|> {_literal(f'analysis to={recipient} code')} {message}"
+        before = f"{_literal(f' to={recipient}')} <|channel|> \"analysis code\" {message}"
+    else:
+        message = f'<|constrain|> "json" <|message|> {body} <|call|>'
+        after = f"<|channel|> {_literal(f'commentary to={recipient} ')} {message}"
+        before = f"{_literal(f' to={recipient}')} <|channel|> \"commentary \" {message}"
+    return [f"{rule}: {after} | {before}", *body_rule]
 
 
 def grammar_text(spec: StructuredOutputs, max_tokens: int | None) -> str | None:
@@ -131,6 +161,8 @@ def check(spec: StructuredOutputs, max_tokens: int | None = None) -> str | None:
     server calls it per request)."""
     spec.validate()
     for i, tool in enumerate(spec.tools):
+        if tool.recipient:  # a server's tool (built-in, MCP): its schema was checked when it was listed
+            continue
         if tool.parameters is not None and (tool.strict or spec.tool_choice in ("required", "named")):
             _validate(f"start: {json_schema(tool.parameters)}", f"tools[{i}].function.parameters")
     text = grammar_text(spec, max_tokens)
@@ -145,6 +177,16 @@ def _validate(text: str, param: str) -> None:
     is_error, messages = LLMatcher.validate_grammar_with_warnings(_as_grammar(text))
     if is_error:
         raise InvalidRequestError(f"the output constraint cannot be compiled: {messages[0]}", param)
+
+
+def schema_compiles(schema: dict[str, Any]) -> bool:
+    """Whether a JSON schema compiles to a grammar (an MCP server's tool schema may use what
+    llguidance does not support: its calls then take any JSON object, and the server checks)."""
+    try:
+        _validate(f"start: {json_schema(schema)}", "parameters")
+    except InvalidRequestError:
+        return False
+    return True
 
 
 def _as_grammar(text: str) -> str:

@@ -64,6 +64,43 @@ def tool_choice_mode(choice: Any, names: list[str]) -> tuple[ToolChoiceMode, str
                               "tool_choice")
 
 
+WEB_SEARCH_TYPES = ("web_search_preview", "web_search_preview_2025_03_11", "web_search", "web_search_2025_08_26")
+
+
+def responses_tool_choice(choice: Any, tools: list[ToolSpec]) -> tuple[ToolChoiceMode, str | None, list[ToolSpec]]:
+    """The Responses API's tool_choice over every declared tool (functions, and the server's tools:
+    `browser.*`, `python`, `label.tool`) as (mode, forced function, the tools the turn may call).
+    A forced built-in or MCP tool is "required" over that tool's calls only: `{"type":
+    "web_search_preview"}` a `browser.search`, `{"type": "code_interpreter"}` a `python` call,
+    `{"type": "mcp", "server_label", "name"?}` that server's tool (or any of its tools)."""
+    kind = choice.get("type") if isinstance(choice, dict) else None
+    if kind in (None, "function"):
+        functions = [t.name for t in tools if not t.recipient]
+        if choice == "required":
+            if not tools:
+                raise InvalidRequestError("tool_choice 'required' needs at least one tool", "tool_choice")
+            return "required", None, tools
+        mode, name = tool_choice_mode(choice, functions)
+        return mode, name, tools
+    if kind in WEB_SEARCH_TYPES:
+        subset, what = [t for t in tools if t.recipient == "browser.search"], f"a {kind} tool"
+    elif kind == "code_interpreter":
+        subset, what = [t for t in tools if t.recipient == "python"], "a code_interpreter tool"
+    elif kind == "mcp":
+        label, name = choice.get("server_label"), choice.get("name")
+        if not isinstance(label, str) or not label:
+            raise InvalidRequestError("tool_choice of type 'mcp' needs server_label", "tool_choice.server_label")
+        wanted = f"{label}.{name}" if name else None
+        subset = [t for t in tools if t.recipient.startswith(label + ".") and wanted in (None, t.recipient)]
+        what = f"MCP server '{label}'" + (f" with a tool '{name}'" if name else "")
+    else:
+        raise InvalidRequestError(f"tool_choice of type {kind!r} is not supported: use 'auto', 'none', 'required', "
+                                  "a function, web_search_preview, code_interpreter or mcp", "tool_choice")
+    if not subset:
+        raise InvalidRequestError(f"tool_choice forces {what}, which is not in tools", "tool_choice")
+    return "required", None, subset
+
+
 def chat_structured(fmt: dict[str, Any] | None, fmt_param: str, nested: bool, tools: list[ToolSpec],
                     tool_choice: Any) -> StructuredOutputs | None:
     """The constraint of a harmony chat turn, or None where nothing is constrained."""

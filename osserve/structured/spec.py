@@ -19,11 +19,21 @@ ToolChoiceMode = Literal["auto", "none", "required", "named"]
 
 @dataclass(frozen=True)
 class ToolSpec:
-    """A declared function tool, as the constraint needs it."""
+    """A declared tool, as the constraint needs it: a function (`functions.NAME`, in commentary,
+    JSON arguments), or another harmony recipient: an MCP server's tool (`label.tool`, the same
+    form), the built-in browser's functions (`browser.search`, in analysis, `code` content type,
+    JSON arguments) or python (`python`, in analysis, its body free code text)."""
 
     name: str
     parameters: dict[str, Any] | None = None  # JSON schema of the arguments
     strict: bool = False  # arguments follow the schema even where the call is not forced
+    recipient: str = ""  # the harmony recipient; "" for a function: functions.NAME
+    channel: str = "commentary"  # where the call is made: analysis for the built-in tools
+    free_text: bool = False  # the body is text (python's code), not JSON arguments
+
+    @property
+    def harmony_recipient(self) -> str:
+        return self.recipient or f"functions.{self.name}"
 
 
 @dataclass
@@ -40,6 +50,7 @@ class StructuredOutputs:
     tools: list[ToolSpec] = field(default_factory=list)
     tool_choice: ToolChoiceMode = "auto"
     tool_name: str | None = None  # with tool_choice "named"
+    closed_tools: bool = False  # no call but to `tools`, even under "auto" (a response past its max_tool_calls)
     answer_param: str = "response_format"  # the request field the answer format came from (errors name it)
 
     @property
@@ -61,7 +72,7 @@ class StructuredOutputs:
         """Whether any token of the output is constrained (else no grammar is built at all)."""
         if not self.harmony:
             return self.answer_format is not None
-        return (self.answer_format is not None or self.tool_choice != "auto"
+        return (self.answer_format is not None or self.tool_choice != "auto" or self.closed_tools
                 or any(t.strict for t in self.tools))
 
     def validate(self) -> None:
@@ -75,12 +86,12 @@ class StructuredOutputs:
             raise InvalidRequestError("the JSON schema must be an object", self.answer_param)
         if self.choice is not None and (not self.choice or not all(isinstance(c, str) and c for c in self.choice)):
             raise InvalidRequestError("choice must be a non-empty list of non-empty strings", self.answer_param)
-        names = [t.name for t in self.tools]
-        if len(set(names)) != len(names):
+        recipients = [t.harmony_recipient for t in self.tools]
+        if len(set(recipients)) != len(recipients):
             raise InvalidRequestError("tool names must be distinct", "tools")
         if self.tool_choice in ("required", "named") and not self.harmony:
             raise InvalidRequestError("tool_choice needs a chat (harmony) request", "tool_choice")
         if self.tool_choice == "required" and not self.tools:
             raise InvalidRequestError("tool_choice 'required' needs at least one tool", "tool_choice")
-        if self.tool_choice == "named" and self.tool_name not in names:
+        if self.tool_choice == "named" and self.tool_name not in [t.name for t in self.tools if not t.recipient]:
             raise InvalidRequestError(f"tool_choice names '{self.tool_name}', which is not in tools", "tool_choice")

@@ -122,11 +122,17 @@ class McpServer:
         self.tools = {tool.name: tool for tool in tools}
         self.call_timeout = call_timeout
 
-    def namespace_config(self) -> ToolNamespaceConfig:
+    def namespace_config(self, label: str | None = None, only: list[str] | None = None) -> ToolNamespaceConfig:
+        """The harmony namespace that shows this server's tools (those named in `only`, when given),
+        under `label` (the server's own by default)."""
         return ToolNamespaceConfig(
-            name=self.label, description=self.instructions,
+            name=label or self.label, description=self.instructions,
             tools=[ToolDescription.new(t.name, t.description, parameters=harmony_schema(t.input_schema))
-                   for t in self.tools.values()])
+                   for t in self.tools.values() if only is None or t.name in only])
+
+    def relabeled(self, label: str) -> McpServer:
+        """The same server and tools, known by another label (a request's `server_label`)."""
+        return McpServer(self.url, label, self.instructions, list(self.tools.values()), self.call_timeout)
 
     async def call(self, name: str, arguments: dict[str, Any], timeout: float | None = None) -> McpCallResult:
         """Calls tool `name`; every failure comes back as an error result (see the module doc)."""
@@ -166,10 +172,11 @@ async def list_server(url: str, timeout: float) -> tuple[str, str, list[McpTool]
 
 
 async def connect_mcp_server(address: str, *, connect_timeout: float = 10.0,
-                             call_timeout: float = 60.0) -> McpServer:
-    """Lists the server at `address`; raises ToolSetupError naming it when it cannot be reached."""
+                             call_timeout: float = 60.0, single_url: bool = False) -> McpServer:
+    """Lists the server at `address`; raises ToolSetupError naming it when it cannot be reached.
+    single_url: connect to `address` itself only (a URL a request named), never to a guess."""
     reasons = []
-    for url in candidate_urls(address):
+    for url in [address] if single_url else candidate_urls(address):
         try:
             name, instructions, tools = await list_server(url, connect_timeout)
         except TimeoutError:

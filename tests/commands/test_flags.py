@@ -66,6 +66,8 @@ ACCEPTED_VLLM = [
      "--max-num-seqs 128 --gpu-memory-utilization 0.85 --no-enable-prefix-caching",
      dict(max_model_len=131072, max_num_batched_tokens=10240, max_num_seqs=128, gpu_memory_utilization=0.85,
           no_prefix_caching=True)),
+    ("vllm serve ... --tool-server demo", dict(tool_server="demo")),
+    ("vllm serve ... --tool-server ip-1:port-1,ip-2:port-2", dict(tool_server="ip-1:port-1,ip-2:port-2")),
     ("vllm serve /path/to/gpt-oss-20b --host 192.168.31.103 --port 8000 --served-model-name openai/gpt-oss-20b "
      "--tensor-parallel-size 1 --gpu-memory-utilization 0.9 --max-model-len 26384 --async-scheduling",
      dict(model="/path/to/gpt-oss-20b", served_model_name="openai/gpt-oss-20b", max_model_len=26384)),
@@ -81,8 +83,6 @@ ACCEPTED_VLLM = [
 ]
 
 REFUSED_VLLM = [
-    ("vllm serve ... --tool-server demo", "--tool-server is not supported yet"),
-    ("vllm serve ... --tool-server ip-1:port-1,ip-2:port-2", "--tool-server is not supported yet"),
     ("vllm serve openai/gpt-oss-120b --compilation-config '{\"full_cuda_graph\": true}'",
      "osserve uses no torch.compile"),
     ("vllm serve openai/gpt-oss-120b --compilation-config '{\"compile_sizes\": [1, 2, 4, 8, 16, 24, 32, 64, 128, "
@@ -184,10 +184,6 @@ ACCEPTED_SGLANG = [
 ]
 
 REFUSED_SGLANG = [
-    ("python3 -m sglang.launch_server --model-path openai/gpt-oss-120b --tool-server demo --tp 2",
-     "--tool-server is not supported yet"),
-    ("python -m sglang.launch_server --model-path openai/gpt-oss-120b --tool-server ip-1:port-1,ip-2:port-2 --tp 2",
-     "--tool-server is not supported yet"),
     ("python -m sglang.launch_server --model openai/gpt-oss-120b --tp 8 --enable-dp-attention --dp 8",
      "--enable-dp-attention is not supported yet"),
     ("python -m sglang.launch_server --model openai/gpt-oss-120b --tool-call-parser hermes",
@@ -204,6 +200,27 @@ def test_sglang_lines_parse(line: str, expected: dict[str, Any]) -> None:
 def test_sglang_lines_refused_with_a_reason(line: str, reason: str) -> None:
     found = refused(line)
     assert any(reason in r for r in found), found
+
+
+@pytest.mark.parametrize("line", [
+    "python3 -m sglang.launch_server --model-path openai/gpt-oss-120b --tool-server demo --tp 2",
+    "python -m sglang.launch_server --model-path openai/gpt-oss-120b --tool-server ip-1:port-1,ip-2:port-2 --tp 2"])
+def test_sglang_tool_server_lines_parse(line: str) -> None:
+    args = parse(line)
+    assert args.tool_server == line.split("--tool-server ")[1].split()[0]
+    assert not [r for r in refusals(args) if "--tool-server" in r]
+
+
+def test_tool_flags_become_the_registrys_options() -> None:
+    from osserve.commands.tools import tool_server_options
+
+    args = settled("vllm serve x --tool-server demo,http://127.0.0.1:9/mcp --allow-tool-server-url http://a/mcp "
+                   "http://b/sse --python-tool-timeout 5 --tool-call-timeout 7 --browser-documents /docs")
+    options = tool_server_options(args)
+    assert args.tool_server == "demo,http://127.0.0.1:9/mcp"
+    assert options.allowed_server_urls == ("http://a/mcp", "http://b/sse")
+    assert options.python_limits.wall_seconds == 5 and options.mcp_call_timeout == options.browser_call_timeout == 7
+    assert str(options.browser_documents) == "/docs" and options.browser == "offline"
 
 
 def test_flags_osserve_always_honours_are_noted() -> None:
@@ -251,4 +268,4 @@ def test_version_and_grouped_help(capsys: pytest.CaptureFixture[str]) -> None:
     heads = [line for line in out.splitlines() if line and not line.startswith(" ") and line.endswith(":")]
     assert heads[1:7] == ["model:", "engine:", "engine: parallelism:", "engine: speculative decoding:",
                           "engine: backends, other parallelism (refused with a reason):", "server:"]
-    assert heads[-1] == "tools:"
+    assert heads[-1] == "tools (the Responses API runs them for the model):"

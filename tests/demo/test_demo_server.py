@@ -4,7 +4,6 @@ Completions and the Responses API (streaming and not), and the README's showcase
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -12,30 +11,15 @@ from typing import Any
 import pytest
 from openai import OpenAI
 
-from osserve.demo.compact import expand_compact
+from osserve.demo.compact import corpus_version
 from osserve.demo.corpus import TIME_TOOL, WEATHER_TOOL
 from osserve.demo.evaluate import AskRequest, Reply, evaluate, fake_service, heldout_examples
 from osserve.demo.showcase import chat_tools, run_showcase
 from osserve.demo.weights import DEMO_WEIGHTS
-from osserve.engine.async_engine import AsyncEngine
-from osserve.engine.load import EngineArgs, build_engine
-from osserve.server.app import ServerConfig, create_app
-from tests.server.serving import serve
+from tests.demo.demo_server import MODEL
 
-MODEL = "osserve-demo"
 CHAT_TOOLS = chat_tools([WEATHER_TOOL, TIME_TOOL])
 RESPONSES_TOOLS = [{"type": "function", **c["function"]} for c in CHAT_TOOLS]
-
-
-@pytest.fixture(scope="module")
-def base(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    model_dir = expand_compact(DEMO_WEIGHTS, tmp_path_factory.mktemp("demo"))
-    engine = AsyncEngine(build_engine(EngineArgs(model=str(model_dir), device="cpu", max_model_len=1024)))
-    try:
-        with serve(create_app(engine, engine.tokenizer, ServerConfig(model_name=MODEL))) as url:
-            yield url
-    finally:
-        engine.shutdown()
 
 
 def _client(base: str) -> OpenAI:
@@ -54,7 +38,7 @@ def _message_dict(m: Any) -> dict[str, Any]:
 
 def test_heldout_prompts_through_the_server(base: str) -> None:
     """>= 90% exactly right final answers, >= 95% valid tool calls, on prompts training never saw."""
-    pool = heldout_examples(400)
+    pool = heldout_examples(400, version=corpus_version(DEMO_WEIGHTS))  # the corpus the shipped weights learned
     tool_prompts = [ex for ex in pool if ex.tool_call is not None][:30]
     others = [ex for ex in pool if ex.tool_call is None][:80]
     client = _client(base)
@@ -152,6 +136,9 @@ def test_showcase_shows_reasoning_an_answer_and_a_tool_round_trip(base: str) -> 
     r = shown.tool_result
     assert shown.tool_answer == f"It is {r['temperature_c']}°C and {r['condition']} in Paris."
     assert any("tool call: get_weather" in line for line in lines)
+    # Without --tool-server the python round trip says why it is not shown (test_demo_tools runs it).
+    assert not shown.python and any(line.startswith("(no python round trip: ") and "--tool-server demo" in line
+                                    for line in lines)
 
 
 def test_builtin_model_is_the_demo_expanded_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -4,37 +4,17 @@ follows the schema, and the OpenAI Agents SDK gets its Pydantic output type back
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 
 import jsonschema
-import pytest
 from openai import AsyncOpenAI, OpenAI
 from pydantic import BaseModel
 
-from osserve.demo.compact import expand_compact
-from osserve.demo.weights import DEMO_WEIGHTS
-from osserve.engine.async_engine import AsyncEngine
-from osserve.engine.load import EngineArgs, build_engine
-from osserve.server.app import ServerConfig, create_app
-from tests.server.serving import serve
-
-MODEL = "osserve-demo"
+from tests.demo.demo_server import MODEL
 
 
 class Sum(BaseModel):
     total: int
     explanation: str
-
-
-@pytest.fixture(scope="module")
-def base(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    model_dir = expand_compact(DEMO_WEIGHTS, tmp_path_factory.mktemp("demo"))
-    engine = AsyncEngine(build_engine(EngineArgs(model=str(model_dir), device="cpu", max_model_len=1024)))
-    try:
-        with serve(create_app(engine, engine.tokenizer, ServerConfig(model_name=MODEL))) as url:
-            yield url
-    finally:
-        engine.shutdown()
 
 
 def test_json_schema_keeps_the_reasoning_and_shapes_the_answer(base: str) -> None:

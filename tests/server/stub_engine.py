@@ -13,8 +13,12 @@ from osserve.tokenizer import load_tokenizer
 
 
 class ScriptedEngine:
+    """Replays `script` for every request, or, while `queue` holds scripts, the next of them (one
+    per request: the steps of a response that calls the server's tools)."""
+
     def __init__(self, script: list[int] | None = None, max_model_len: int = 4096, delay: float = 0.0) -> None:
         self.script = list(script or [])
+        self.queue: list[list[int]] = []
         self._max_model_len = max_model_len
         self.delay = delay
         self.aborted: list[str] = []
@@ -44,20 +48,21 @@ class ScriptedEngine:
         self.prompts.append(list(prompt_token_ids))
         self.params.append(params)
         tok = load_tokenizer()
-        limit = params.max_tokens or len(self.script)
+        script = self.queue.pop(0) if self.queue else self.script
+        limit = params.max_tokens or len(script)
         finished = False
         try:
-            for i, t in enumerate(self.script[:limit]):
+            for i, t in enumerate(script[:limit]):
                 if self.delay:
                     await asyncio.sleep(self.delay)
                 self.generated += 1
                 stop = t in params.stop_token_ids and not params.ignore_eos
-                last = stop or i + 1 == limit or i + 1 == len(self.script)
+                last = stop or i + 1 == limit or i + 1 == len(script)
                 finished = last
                 yield CompletionDelta(
                     request_id=request_id, new_token_ids=[t],
                     new_text="" if stop else tok.decode([t]), new_logprobs=_logprobs(t, params), finished=last,
-                    finish_reason=("stop" if stop or i + 1 == len(self.script) else "length") if last else None,
+                    finish_reason=("stop" if stop or i + 1 == len(script) else "length") if last else None,
                     stop_reason=t if stop else None, num_prompt_tokens=len(prompt_token_ids),
                     num_cached_tokens=16, num_output_tokens=i + 1,
                 )

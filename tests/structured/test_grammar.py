@@ -167,3 +167,66 @@ def test_api_shapes_become_specs() -> None:
     assert ollama_format("json") == {"json_object": True} and ollama_format(SCHEMA) == {"json_schema": SCHEMA}
     with pytest.raises(InvalidRequestError):
         ollama_format("yaml")
+
+
+PYTHON = ToolSpec("python", recipient="python", channel="analysis", free_text=True)
+SEARCH = ToolSpec("browser.search", {"type": "object", "properties": {"query": {"type": "string"}},
+                                     "required": ["query"]}, recipient="browser.search", channel="analysis")
+MCP_ADD = ToolSpec("calc.add", {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]},
+                   recipient="calc.add")
+
+
+def test_forced_builtin_and_mcp_calls_take_their_own_forms() -> None:
+    python = harmony(tools=[PYTHON], tool_choice="required")
+    assert accepts(python, toks(REASON + "<|channel|>analysis to=python code<|message|>print(6 * 7)<|call|>"))
+    assert accepts(python, toks(" to=python<|channel|>analysis code<|message|>x = 1\nprint(x)<|call|>"))
+    assert not accepts(python, toks("<|channel|>analysis to=python code<|message|><|call|>"))  # no code at all
+    assert not accepts(python, toks(REASON + "<|channel|>final<|message|>42<|return|>"))  # no call: refused
+    assert not accepts(python, toks("<|channel|>commentary to=functions.python <|constrain|>json<|message|>{}"
+                                    "<|call|>"))  # a function of that name is another tool
+    # A forced built-in tool is "required" over that tool alone (structured/requests.responses_tool_choice).
+    search = harmony(tools=[SEARCH], tool_choice="required")
+    assert accepts(search, toks('<|channel|>analysis to=browser.search code<|message|>{"query": "mxfp4"}<|call|>'))
+    assert not accepts(search, toks('<|channel|>analysis to=browser.search code<|message|>{"q": "x"}<|call|>'))
+    assert not accepts(search, toks("<|channel|>analysis to=python code<|message|>1<|call|>"))
+    mcp = harmony(tools=[MCP_ADD], tool_choice="required")
+    assert accepts(mcp, toks('<|channel|>commentary to=calc.add <|constrain|>json<|message|>{"a": 2}<|call|>'))
+    assert not accepts(mcp, toks('<|channel|>commentary to=calc.add <|constrain|>json<|message|>{"a": "2"}'
+                                 "<|call|>"))
+
+
+def test_responses_tool_choice_forces_each_kind_of_tool() -> None:
+    from osserve.structured.requests import responses_tool_choice
+
+    fn = ToolSpec("python", {"type": "object"})  # a function that happens to be called python
+    tools = [fn, PYTHON, SEARCH, MCP_ADD]
+    assert responses_tool_choice({"type": "code_interpreter"}, tools) == ("required", None, [PYTHON])
+    assert responses_tool_choice({"type": "web_search_preview"}, tools) == ("required", None, [SEARCH])
+    assert responses_tool_choice({"type": "mcp", "server_label": "calc"}, tools) == ("required", None, [MCP_ADD])
+    assert responses_tool_choice({"type": "mcp", "server_label": "calc", "name": "add"}, tools)[2] == [MCP_ADD]
+    assert responses_tool_choice({"type": "function", "name": "python"}, tools) == ("named", "python", tools)
+    assert responses_tool_choice("required", tools) == ("required", None, tools)
+    named = harmony(tools=tools, tool_choice="named", tool_name="python")  # the function, not the built-in
+    assert accepts(named, toks("<|channel|>commentary to=functions.python <|constrain|>json<|message|>{}<|call|>"))
+    assert not accepts(named, toks("<|channel|>analysis to=python code<|message|>1<|call|>"))
+    for choice, message in (({"type": "mcp", "server_label": "calc", "name": "sub"}, "MCP server 'calc' with a tool"),
+                            ({"type": "code_interpreter"}, "a code_interpreter tool"),
+                            ({"type": "file_search"}, "not supported"), ({"type": "mcp"}, "needs server_label")):
+        with pytest.raises(InvalidRequestError, match=message):
+            responses_tool_choice(choice, [fn] if choice.get("type") == "code_interpreter" else tools)
+
+
+def test_python_code_is_bounded_so_a_forced_call_ends() -> None:
+    from llguidance import LLMatcher
+
+    spec = harmony(tools=[PYTHON], tool_choice="required")
+    text = grammar_text(spec, max_tokens=80)
+    assert text is not None
+    m = LLMatcher(harmony_lltokenizer(), LLMatcher.grammar_from_lark(text), log_level=0)
+    assert all(m.consume_token(t) for t in toks("<|channel|>analysis to=python code<|message|>"))
+    one_token_code = toks("x", special=False)
+    taken = 0
+    while m.consume_token(one_token_code[0]):  # the code's budget runs out: then only <|call|> is allowed
+        taken += 1
+        assert taken < 80
+    assert taken >= 10 and m.consume_token(toks("<|call|>")[0]) and (m.is_accepting() or m.is_stopped())

@@ -6,73 +6,24 @@ recipients to each tool."""
 from __future__ import annotations
 
 import asyncio
-import logging
-import socket
-import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-import uvicorn
 
 from osserve.errors import ToolSetupError
 from osserve.tools.mcp_client import connect_mcp_server, harmony_schema
 from osserve.tools.python.sandbox import SandboxLimits
 from osserve.tools.registry import ToolServerOptions, ToolServers, parse_tool_servers
-
-
-def make_server() -> Any:
-    from mcp.server.mcpserver import MCPServer
-
-    server = MCPServer("calc server", instructions="Arithmetic on integers.")
-
-    @server.tool()
-    def add(a: int, b: int, note: str | None = None) -> int:
-        """Add two integers."""
-        return a + b
-
-    @server.tool()
-    def fail(reason: str) -> str:
-        """Always raises."""
-        raise RuntimeError(f"failing on purpose: {reason}")
-
-    @server.tool()
-    async def hang() -> str:
-        """Never answers in time."""
-        await asyncio.sleep(30)
-        return "late"
-
-    return server
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+from tests.tools.mcp_servers import free_port, running_mcp_server
 
 
 @pytest.fixture(scope="module")
 def mcp_urls() -> Iterator[dict[str, str]]:
     """The same MCP server over streamable HTTP and over SSE, each on a port of its own."""
-    logging.getLogger("mcp").setLevel(logging.CRITICAL)
-    server = make_server()
-    running = []
-    urls = {}
-    for kind, app, path in (("http", server.streamable_http_app(), "/mcp"), ("sse", server.sse_app(), "/sse")):
-        port = free_port()
-        uv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="critical"))
-        threading.Thread(target=uv.run, daemon=True).start()
-        deadline = time.monotonic() + 20
-        while not uv.started and time.monotonic() < deadline:
-            time.sleep(0.02)
-        assert uv.started
-        running.append(uv)
-        urls[kind] = f"http://127.0.0.1:{port}{path}"
-    yield urls
-    for uv in running:
-        uv.should_exit = True
+    with running_mcp_server() as urls:
+        yield urls
 
 
 def run(coro: Any) -> Any:
@@ -89,7 +40,7 @@ def test_lists_and_calls_tools(mcp_urls: dict[str, str], kind: str) -> None:
 
     server, added, failed, invalid, unknown, hung = run(go())
     assert server.label == "calc_server" and server.instructions == "Arithmetic on integers."
-    assert sorted(server.tools) == ["add", "fail", "hang"]
+    assert sorted(server.tools) == ["add", "fail", "hang", "square"]
     assert added.text == "5" and not added.is_error
     assert failed.is_error and "fail" in failed.text
     assert invalid.is_error and "validation error" in invalid.text
@@ -145,7 +96,7 @@ def test_registry_routes_recipients_to_every_tool(mcp_urls: dict[str, str]) -> N
 
     namespaces, results = run(go())
     assert sorted(namespaces) == ["browser", "calc_server", "python"]
-    assert [t.name for t in namespaces["calc_server"].tools] == ["add", "fail", "hang"]
+    assert [t.name for t in namespaces["calc_server"].tools] == ["add", "square", "fail", "hang"]
     added, failed, bad_json, not_object, search, opened, assign, value, function, bare, unknown = results
     assert (added.text, added.is_error) == ("42", False)
     assert failed.is_error
@@ -224,3 +175,51 @@ def test_a_label_taken_by_a_builtin_is_refused(mcp_urls: dict[str, str], monkeyp
     monkeypatch.setattr(mcp_client, "list_server", named_python)
     with pytest.raises(ToolSetupError, match="reports the name `python`"):
         run(ToolServers.start(f"browser,{mcp_urls['http']}"))
+
+
+@pytest.mark.parametrize(("allowed", "asked", "ok"), [
+    ("http://mcp.example.com/mcp", "http://mcp.example.com/mcp", True),
+    ("http://mcp.example.com/mcp", "HTTP://MCP.Example.com/mcp/", True),  # scheme and host case, a trailing slash
+    ("http://mcp.example.com/mcp", "http://mcp.example.com:80/mcp", False),  # a port is a port
+    ("http://mcp.example.com/mcp", "http://mcp.example.com/mcp/../admin", False),
+    ("http://mcp.example.com/mcp", "http://mcp.example.com.evil.net/mcp", False),
+    ("http://mcp.example.com/mcp", "http://user@mcp.example.com/mcp", False),  # credentials: only itself matches
+    ("http://mcp.example.com/mcp", "http://mcp.example.com/MCP", False),  # paths are case-sensitive
+    ("http://mcp.example.com/mcp", "https://mcp.example.com/mcp", False),
+    ("http://mcp.example.com/mcp", "file:///etc/passwd", False),
+])
+def test_the_url_allow_list_matches_exactly(allowed: str, asked: str, ok: bool) -> None:
+    servers = ToolServers(None, None, [], ToolServerOptions(allowed_server_urls=(allowed,)))
+    assert servers.allows(asked) is ok
+
+
+def test_a_request_named_url_is_listed_once_and_a_started_one_is_allowed(mcp_urls: dict[str, str]) -> None:
+    async def go() -> tuple[Any, ...]:
+        servers = await ToolServers.start(mcp_urls["http"], ToolServerOptions(allowed_server_urls=(mcp_urls["sse"],)))
+        try:
+            named = await servers.url_server(mcp_urls["sse"] + "/")
+            again = await servers.url_server(mcp_urls["sse"])
+            started = await servers.url_server(mcp_urls["http"])
+            return named, again, started, servers.mcp["calc_server"]
+        finally:
+            await servers.close()
+
+    named, again, started, configured = run(go())
+    assert named is again and named.url == mcp_urls["sse"] + "/" and "square" in named.tools
+    assert started is configured  # a --tool-server URL is allowed, and is that server
+    relabeled = named.relabeled("mine")
+    assert relabeled.label == "mine" and relabeled.namespace_config().name == "mine"
+
+
+def test_an_unreachable_allowed_url_is_an_error_naming_it() -> None:
+    url = f"http://127.0.0.1:{free_port()}/mcp"
+
+    async def go() -> None:
+        servers = await ToolServers.start(None, ToolServerOptions(allowed_server_urls=(url,), mcp_connect_timeout=5))
+        try:
+            await servers.url_server(url)
+        finally:
+            await servers.close()
+
+    with pytest.raises(ToolSetupError, match=f"MCP server {url} is unreachable"):
+        run(go())

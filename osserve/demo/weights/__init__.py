@@ -7,3 +7,4 @@ from pathlib import Path
 
 DEMO_WEIGHTS = Path(__file__).with_name("demo-seed0.safetensors")
 DEMO_DRAFT = Path(__file__).with_name("draft-seed0.safetensors")
+BUILTIN_NAME = "osserve-builtin"  # the name the built-in model is served under by default

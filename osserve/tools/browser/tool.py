@@ -23,6 +23,20 @@ from osserve.tools.browser.backend import BackendError, BrowserBackend, search_r
 from osserve.tools.browser.page import Extract, Page, strip_links, wrap_lines
 
 CITATION = re.compile(r"【(\d+)†L(\d+)(?:-L(\d+))?】")
+_NUMBER = {"type": "integer", "minimum": -1, "maximum": 1_000_000}
+# The arguments of each function as a forced call's grammar takes them (structured/): harmony's own
+# schemas (what the model is shown), with bounds, so that a forced call ends.
+ARGUMENT_SCHEMAS: dict[str, dict[str, Any]] = {
+    "search": {"type": "object", "additionalProperties": False, "required": ["query"], "properties": {
+        "query": {"type": "string", "minLength": 1, "maxLength": 256},
+        "topn": {"type": "integer", "minimum": 1, "maximum": 20},
+        "source": {"type": "string", "maxLength": 64}}},
+    "open": {"type": "object", "additionalProperties": False, "properties": {
+        "id": {"anyOf": [_NUMBER, {"type": "string", "maxLength": 2048}]}, "cursor": _NUMBER, "loc": _NUMBER,
+        "num_lines": _NUMBER, "view_source": {"type": "boolean"}, "source": {"type": "string", "maxLength": 64}}},
+    "find": {"type": "object", "additionalProperties": False, "required": ["pattern"], "properties": {
+        "pattern": {"type": "string", "minLength": 1, "maxLength": 256}, "cursor": _NUMBER}},
+}
 
 
 class ToolUsageError(Exception):
@@ -160,6 +174,38 @@ class BrowserSession:
                       title=f"Find results for text: `{pattern}` in `{page.title}`", text=text,
                       urls={key: page.url for key in snippets}, snippets=snippets)
         return self._push_and_show(result, entry.cite_url, loc=0)
+
+    def action(self, function: str, arguments_text: str) -> dict[str, Any]:
+        """What a call is about to do, as the Responses API's `web_search_call.action` tells it
+        (search: the query; open_page: the URL the link or cursor names; find_in_page: the page's
+        URL and the pattern), read from the page stack before the call runs. Never raises."""
+        try:
+            args = json.loads(arguments_text) if arguments_text.strip() else {}
+        except json.JSONDecodeError:
+            args = {}
+        args = args if isinstance(args, dict) else {}
+        if function == "search":
+            query = args.get("query") if isinstance(args.get("query"), str) else ""
+            return {"type": "search", "query": query, "queries": [query] if query else []}
+        try:
+            entry = self._entry(int_argument(args, "cursor", -1)) if self.stack else None
+        except ToolUsageError:
+            entry = None
+        if function == "find":
+            pattern = args.get("pattern")
+            return {"type": "find_in_page", "url": entry.cite_url if entry else "",
+                    "pattern": pattern if isinstance(pattern, str) else ""}
+        link = args.get("id", -1)
+        if isinstance(link, str) and not link.strip().lstrip("-").isdigit():
+            return {"type": "open_page", "url": link}
+        if entry is None:
+            return {"type": "open_page", "url": None}
+        try:
+            number = int(link)
+        except (TypeError, ValueError):
+            number = -1
+        url = entry.page.urls.get(str(number)) if number >= 0 else entry.page.url
+        return {"type": "open_page", "url": url or None}
 
     def citations(self, text: str) -> list[Citation]:
         """The `【cursor†Lx(-Ly)】` citations in `text` whose cursor names a page with a URL."""

@@ -35,6 +35,11 @@ def python_description(limits: SandboxLimits) -> str:
     )
 
 
+def python_namespace(limits: SandboxLimits) -> ToolNamespaceConfig:
+    """The python namespace harmony's system message shows (what the demo corpus renders, too)."""
+    return ToolNamespaceConfig(name="python", description=python_description(limits), tools=[])
+
+
 class PythonTool:
     """Starts sandboxed python sessions. Build it with `await PythonTool.create(...)`, which
     refuses where isolation cannot be set up unless `allow_unsafe` is given."""
@@ -75,7 +80,7 @@ class PythonTool:
         return self.isolation is not None
 
     def namespace_config(self) -> ToolNamespaceConfig:
-        return ToolNamespaceConfig(name=self.name, description=python_description(self.limits), tools=[])
+        return python_namespace(self.limits)
 
     def new_session(self) -> PythonSession:
         return PythonSession(self.isolation, self.limits)
