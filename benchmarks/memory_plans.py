@@ -12,7 +12,14 @@ import argparse
 import torch
 
 from osserve.config import CacheConfig, SchedulerConfig, preset
-from osserve.engine.memory import DeviceMemory, GiB, plan_for_card, refuse_if_too_small, workspace_bytes
+from osserve.engine.memory import (
+    DeviceMemory,
+    GiB,
+    default_batched_tokens,
+    plan_for_card,
+    refuse_if_too_small,
+    workspace_bytes,
+)
 from osserve.errors import ConfigError
 
 CARDS = {  # GiB as torch.cuda.get_device_properties reports them (ECC on where the card has it)
@@ -31,30 +38,32 @@ def main() -> None:
     ap.add_argument("--gpu-memory-utilization", type=float, default=0.90)
     ap.add_argument("--max-model-len", type=int, default=32768)
     ap.add_argument("--max-num-seqs", type=int, default=256)
-    ap.add_argument("--max-num-batched-tokens", type=int, default=8192)
+    ap.add_argument("--max-num-batched-tokens", type=int, default=None,
+                    help="default: each card's, as `osserve serve` picks it (engine/memory.py)")
     args = ap.parse_args()
     cache = CacheConfig(gpu_memory_utilization=args.gpu_memory_utilization)
-    sched = SchedulerConfig(max_model_len=args.max_model_len, max_num_seqs=args.max_num_seqs,
-                            max_num_batched_tokens=args.max_num_batched_tokens)
-    print(f"--gpu-memory-utilization {cache.gpu_memory_utilization}, --max-model-len {sched.max_model_len}, "
-          f"--max-num-seqs {sched.max_num_seqs}, workspace {workspace_bytes(sched.max_num_batched_tokens) / GiB:.2f} "
-          f"GiB, {CONTEXT_GIB} GiB in use before the model\n")
-    print(f"| {'GPU':<26} | model | weights GiB | KV cache GiB | context tokens | requests of "
-          f"{sched.max_model_len:,} / 8,192 / 4,096 at once |")
-    print("|---|---|---|---|---|---|")
+    print(f"--gpu-memory-utilization {cache.gpu_memory_utilization}, --max-model-len {args.max_model_len}, "
+          f"--max-num-seqs {args.max_num_seqs}, {CONTEXT_GIB} GiB in use before the model\n")
+    print(f"| {'GPU':<26} | model | weights GiB | step tokens (workspace GiB) | KV cache GiB | context tokens | "
+          f"requests of {args.max_model_len:,} / 8,192 / 4,096 at once |")
+    print("|---|---|---|---|---|---|---|")
     for card, gib in CARDS.items():
         device = DeviceMemory(card, int(gib * GiB), int(CONTEXT_GIB * GiB))
         for name in ("20b", "120b"):
             cfg = preset(name)
+            budget = args.max_num_batched_tokens or default_batched_tokens(cfg, cache, torch.bfloat16, device.total)
+            sched = SchedulerConfig(max_model_len=args.max_model_len, max_num_seqs=args.max_num_seqs,
+                                    max_num_batched_tokens=budget)
+            step = f"{budget:,} ({workspace_bytes(budget) / GiB:.2f})"
             try:
                 refuse_if_too_small(f"gpt-oss-{name}", cfg, cache, sched, torch.bfloat16, device)
             except ConfigError as e:
                 short = str(e).split(": ")[-1].split(";")[0]
-                print(f"| {card:<26} | {name} | refused: {short} | | | |")
+                print(f"| {card:<26} | {name} | refused: {short} | | | | |")
                 continue
             weights, plan = plan_for_card(cfg, cache, sched, torch.bfloat16, device)
             tokens = plan.max_tokens_per_request()
-            print(f"| {card:<26} | {name} | {weights / GiB:.2f} | {plan.total_bytes / GiB:.2f} | {tokens:,} | "
+            print(f"| {card:<26} | {name} | {weights / GiB:.2f} | {step} | {plan.total_bytes / GiB:.2f} | {tokens:,} | "
                   f"{tokens // sched.max_model_len} / {tokens // 8192} / {tokens // 4096} |")
 
 

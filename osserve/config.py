@@ -271,6 +271,8 @@ class SchedulerConfig:
     """What one engine step may hold."""
 
     max_num_seqs: int = 256
+    # Tokens one step may compute. On a GPU whose KV cache hardly notices the larger workspace,
+    # load.py defaults to more (engine/memory.py's default_batched_tokens).
     max_num_batched_tokens: int = 8192
     max_model_len: int = 8192
     max_waiting: int = 4096  # beyond this the server answers 503
@@ -285,3 +287,20 @@ class SchedulerConfig:
     # Speculative decoding: KV slots a request may hold past its tokens (its drafts and the draft
     # model's guesses), counted when checking that a request can ever fit the cache.
     speculative_slots: int = 0
+    # Decode-first (engine/core/decode_first.py): while at least decode_first_min_decodes requests
+    # decode, a step takes at most decode_first_chunk prompt tokens, so their next tokens are not
+    # held up behind a long prefill. 0: off (prompts may take the whole step, as before).
+    decode_first_chunk: int = 2048
+    decode_first_min_decodes: int = 32
+
+    def __post_init__(self) -> None:
+        if self.max_num_batched_tokens < 1:
+            raise ConfigError(f"--max-num-batched-tokens must be at least 1, not {self.max_num_batched_tokens}",
+                              "max_num_batched_tokens")
+        if self.decode_first_chunk < 0:
+            raise ConfigError(f"--decode-first-chunk must be 0 (off) or a number of tokens, not "
+                              f"{self.decode_first_chunk}", "decode_first_chunk")
+        if self.decode_first_min_decodes < 1:
+            raise ConfigError(f"--decode-first-min-decodes must be at least 1, not {self.decode_first_min_decodes}",
+                              "decode_first_min_decodes")
+

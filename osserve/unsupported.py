@@ -69,6 +69,10 @@ NEVER = [
             "(--tool-call-parser openai / gpt-oss, or leave it out)"),
     Refusal("served_model_name", lambda v: isinstance(v, list) and len(v) > 1,
             "--served-model-name {value}: osserve serves one model under one name; give one"),
+    Refusal("long_prefill_token_threshold", lambda v: v is not None,
+            "--long-prefill-token-threshold {value}: osserve caps a step's prompt tokens only while requests "
+            "decode (decode-first): --decode-first-chunk {value} (0: off; --decode-first-min-decodes M: from how "
+            "many decoding requests)"),
 ]
 
 

@@ -51,8 +51,28 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
                    help="prompt + output tokens of one request (--context-length: SGLang's name)")
     g.add_argument("--max-num-seqs", "--max-running-requests", dest="max_num_seqs", type=int, metavar="N", default=None,
                    help="requests in one batch")
-    g.add_argument("--max-num-batched-tokens", type=int, metavar="N", default=None,
-                   help="tokens in one step (prompt chunks + decodes); long prompts are chunked to fit")
+    g.add_argument("--max-num-batched-tokens", "--chunked-prefill-size", dest="max_num_batched_tokens", type=int,
+                   metavar="N", default=None,
+                   help="tokens in one step (prompt chunks + decodes; --chunked-prefill-size: SGLang's name); long "
+                        "prompts are chunked to fit (default: "
+                        "16384 on a GPU where its 2 GiB more workspace costs at most a tenth of the KV cache, as "
+                        "for the 20b on an 80 GB card; else 8192)")
+    g.add_argument("--decode-first-chunk", type=int, metavar="N", default=None,
+                   help="decode-first scheduling: while --decode-first-min-decodes or more requests decode, a "
+                        "step takes at most N prompt tokens, so their next tokens are not held up behind a long "
+                        "prefill (default 2048; 0: off). The nearest peers are vLLM's "
+                        "--long-prefill-token-threshold and SGLang's --chunked-prefill-size, which cap prompt "
+                        "tokens whatever is decoding")
+    g.add_argument("--decode-first-min-decodes", type=int, metavar="M", default=None,
+                   help="the decoding requests from which --decode-first-chunk applies (default 32); with "
+                        "fewer, prompts take whatever of the step the decodes leave")
+    g.add_argument("--no-decode-first", action="store_true",
+                   help="no decode-first rule: prompts and decodes share --max-num-batched-tokens in arrival "
+                        "order (the same as --decode-first-chunk 0)")
+    g.add_argument("--long-prefill-token-threshold", type=int, metavar="N", default=None,
+                   help="refused: vLLM's cap on each prompt's tokens a step; osserve's is --decode-first-chunk")
+    g.add_argument("--enable-mixed-chunk", action="store_true",
+                   help="accepted: osserve always runs decodes beside prompt chunks in one step")
     g.add_argument("--enable-chunked-prefill", action="store_true",
                    help="accepted: osserve always chunks prompts to --max-num-batched-tokens")
     g.add_argument("--gpu-memory-utilization", "--mem-fraction-static", dest="gpu_memory_utilization",
@@ -269,6 +289,8 @@ def _notes(args: argparse.Namespace) -> list[str]:
                          "harmony output into reasoning, content and tool calls")
     if getattr(args, "enable_chunked_prefill", False):
         notes.append("--enable-chunked-prefill: osserve always chunks prompts to --max-num-batched-tokens")
+    if getattr(args, "enable_mixed_chunk", False):
+        notes.append("--enable-mixed-chunk: osserve always runs decodes beside prompt chunks in one step")
     if getattr(args, "attention_backend", None) in TRITON:
         notes.append(f"--attention-backend {args.attention_backend}: osserve's attention is its own Triton kernels")
     if getattr(args, "moe_runner_backend", None) in ("auto", "triton"):

@@ -16,6 +16,7 @@ import torch
 
 from osserve.config import CacheConfig, ModelConfig, SchedulerConfig, preset
 from osserve.distributed.layout import ParallelConfig, ShardLayout
+from osserve.engine.core import decode_first
 from osserve.engine.core.kv_cache import KVCacheManager
 from osserve.engine.engine import EngineParts, LLMEngine
 from osserve.engine.memory import (
@@ -23,6 +24,7 @@ from osserve.engine.memory import (
     DeviceMemory,
     GiB,
     capacity,
+    default_batched_tokens,
     keep_checkpoint_experts,
     kv_budget,
     refuse_if_too_small,
@@ -64,7 +66,10 @@ class EngineArgs:
     dtype: str = "auto"
     max_model_len: int | None = None
     max_num_seqs: int | None = None
-    max_num_batched_tokens: int | None = None
+    max_num_batched_tokens: int | None = None  # None: 8192, or 16384 where the memory allows (memory.py)
+    decode_first_chunk: int | None = None  # None: SchedulerConfig's; 0 (or no_decode_first): off
+    decode_first_min_decodes: int | None = None
+    no_decode_first: bool = False
     admission_delay_ms: float = 0.0
     gpu_memory_utilization: float = 0.90
     kv_cache_gb: float | None = None
@@ -220,7 +225,8 @@ def build_rank(args: EngineArgs, cfg: ModelConfig, model_dir: Path | None, devic
     policy = detect(device, forced=args.portable_kernels)
     if policy.refusal is not None:
         raise ConfigError(policy.refusal, "device")
-    sched, cache = scheduler_config(args, cfg, device), cache_config(args)
+    cache = cache_config(args)
+    sched = scheduler_config(args, cfg, device, cache, dtype, layout.size if layout is not None else 1)
     gpu_budget = device.type == "cuda" and cache.kv_cache_gb is None and cache.num_blocks is None
     if gpu_budget and layout is None:  # before a byte is allocated: a model that cannot fit is refused in one line
         label = args.model or (f"gpt-oss-{args.preset} (dummy weights)" if model_dir is None else "the built-in model")
@@ -302,6 +308,8 @@ def build_rank(args: EngineArgs, cfg: ModelConfig, model_dir: Path | None, devic
     )
     if rank0:
         log.info("%s", capacity(plan, sched.max_model_len))
+        log.info("scheduler: %s", decode_first.describe(sched.decode_first_chunk, sched.decode_first_min_decodes,
+                                                        sched.max_num_batched_tokens))
     if spec is not None:
         log.info("speculative decoding: %s, %d draft steps, top-%d, %d tokens verified a step, off above %d "
                  "requests", spec.method, spec.num_speculative_tokens, spec.topk, spec.num_draft_tokens,
@@ -309,15 +317,23 @@ def build_rank(args: EngineArgs, cfg: ModelConfig, model_dir: Path | None, devic
     return RankParts(runner, plan, sched, cache, decoder)
 
 
-def scheduler_config(args: EngineArgs, cfg: ModelConfig, device: torch.device) -> SchedulerConfig:
+def scheduler_config(args: EngineArgs, cfg: ModelConfig, device: torch.device, cache: CacheConfig,
+                     dtype: torch.dtype, ranks: int = 1) -> SchedulerConfig:
     defaults = SchedulerConfig()
+    budget = args.max_num_batched_tokens or defaults.max_num_batched_tokens
+    if not args.max_num_batched_tokens and device.type == "cuda":
+        budget = default_batched_tokens(cfg, cache, dtype, device_memory(device).total, ranks)
+    chunk = defaults.decode_first_chunk if args.decode_first_chunk is None else args.decode_first_chunk
     return SchedulerConfig(
         # A CPU runs the tiny model: a smaller running set keeps each step's latency low.
         max_num_seqs=args.max_num_seqs or (defaults.max_num_seqs if device.type == "cuda" else 32),
-        max_num_batched_tokens=args.max_num_batched_tokens or defaults.max_num_batched_tokens,
+        max_num_batched_tokens=budget,
         max_model_len=args.max_model_len or min(cfg.max_position_embeddings, 8192 if device.type == "cpu" else 32768),
         admission_delay_s=args.admission_delay_ms / 1000,
         async_scheduling=not args.no_async_scheduling,
+        decode_first_chunk=0 if args.no_decode_first else chunk,
+        decode_first_min_decodes=defaults.decode_first_min_decodes if args.decode_first_min_decodes is None
+        else args.decode_first_min_decodes,
     )
 
 

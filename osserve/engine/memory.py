@@ -26,9 +26,10 @@ GiB = 2**30
 # 120b), cuBLAS's and Triton's workspaces, and the largest step's activations, which grow with its
 # tokens: at max_num_batched_tokens 8192 the MoE's expert rows (8192 x 4 x 2880, bf16 or fp32 split
 # partials: 0.19-0.38 GB each for the activations and the outputs), attention's q/k/v and output
-# (0.2 GB) and the residual stream; 256 KiB a token is about twice what they add up to. 3 GiB at the
-# default 8192 tokens, the figure every H100 measurement so far ran with; 1.5 GiB at 2048, the
-# lever a 24 GB card has to trade prompt chunk size for KV cache.
+# (0.2 GB) and the residual stream; 256 KiB a token is about twice what they add up to. 3 GiB at
+# 8192 tokens, the figure every H100 serving measurement so far ran with; 5 GiB at 16384
+# (default_batched_tokens below); 1.5 GiB at 2048, the lever a 24 GB card has to trade prompt chunk
+# size for KV cache.
 WORKSPACE_FIXED_BYTES = 1 * GiB
 WORKSPACE_BYTES_PER_TOKEN = 256 * 1024
 # A smaller card on a larger one, for tests and benchmarks (benchmarks/portable_ab.py: an A10's 24 GB on
@@ -101,6 +102,40 @@ def kv_budget(device: DeviceMemory, used_now: int, utilization: float, workspace
     """What --gpu-memory-utilization leaves the KV cache: total x utilization, less what is in use
     now (weights included) and the workspace."""
     return max(0, int(device.total * utilization) - used_now - workspace)
+
+
+# The step budget where --max-num-batched-tokens is not given, on a GPU. Measured on one H100 (20b,
+# prefill of 8 x 2048 prompts): 70,909 tok/s with 16384 tokens a step (BENCHMARKS.md), 38-49k with
+# 8192 (issue 38). Above 4096 tokens the MoE takes the dense path (ops/moe/dense.py: every expert
+# dequantised once a step, a host sync per expert), whose fixed cost a 16384-token step spreads over
+# twice the tokens; without the checkpoint-layout experts (keep_checkpoint_experts) there is no dense
+# path and nothing measured to gain. The larger budget keeps 2 GiB more free for its activations: ~4%
+# of the 20b's cache on an 80 GB card (45 GiB as planned), but 23% of the 120b's there (8.79 GiB,
+# 192,128 tokens, measured at --gpu-memory-utilization 0.97; plan_kv_cache gives 140,416 tokens for
+# 2 GiB less). So it is taken where that costs at most LARGE_BUDGET_KV_SHARE of the cache the smaller
+# budget would leave.
+BATCHED_TOKENS = 8192
+LARGE_BATCHED_TOKENS = 16384
+LARGE_BUDGET_KV_SHARE = 0.10
+CUDA_CONTEXT_BYTES = GiB // 2  # in use before the model, as benchmarks/memory_plans.py assumes
+
+
+def default_batched_tokens(cfg: ModelConfig, cache: CacheConfig, dtype: torch.dtype, total: int,
+                           ranks: int = 1) -> int:
+    """LARGE_BATCHED_TOKENS where the dense prefill path exists and the larger workspace takes at most
+    LARGE_BUDGET_KV_SHARE of the KV cache that BATCHED_TOKENS would leave on a card of `total` bytes,
+    else BATCHED_TOKENS. From the card's size and the model alone (weights split evenly over `ranks`),
+    so every rank of a tensor-parallel engine picks the same; a KV cache sized by hand (--kv-cache-gb,
+    a block count) keeps BATCHED_TOKENS."""
+    if cache.kv_cache_gb is not None or cache.num_blocks is not None:
+        return BATCHED_TOKENS
+    if not keep_checkpoint_experts(checkpoint_bytes(cfg, dtype) // ranks, total):
+        return BATCHED_TOKENS
+    weights = resident_weights(cfg, dtype, total) // ranks
+    device = DeviceMemory("", total, CUDA_CONTEXT_BYTES)
+    kv = kv_budget(device, CUDA_CONTEXT_BYTES + weights, cache.gpu_memory_utilization, workspace_bytes(BATCHED_TOKENS))
+    extra = workspace_bytes(LARGE_BATCHED_TOKENS) - workspace_bytes(BATCHED_TOKENS)
+    return LARGE_BATCHED_TOKENS if extra <= LARGE_BUDGET_KV_SHARE * kv else BATCHED_TOKENS
 
 
 def minimum_kv_bytes(cfg: ModelConfig, cache: CacheConfig, sched: SchedulerConfig, dtype: torch.dtype) -> int:

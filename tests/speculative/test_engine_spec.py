@@ -132,6 +132,29 @@ def test_staggered_chunked_and_preempted(narrow: Path, draft: Path, plain: dict[
     assert eng.scheduler.num_preemptions > 0 and eng.stats().spec_num_accepted_tokens > 0
 
 
+def test_decode_first_chunks_prompts_beside_requests_verifying_drafts(narrow: Path, draft: Path,
+                                                                     plain: dict[str, list[int]]) -> None:
+    """Decode-first (engine/core/decode_first.py) at an 8-token chunk: the staggered workload's
+    prompts come in chunks of at most 8 beside requests that verify drafts (each a decode, its drafts
+    set aside in the step's budget before any prompt token), and the outputs do not change."""
+    eng = with_oracle(engine(narrow, spec_configs(draft)["tree"], decode_first_chunk=8, decode_first_min_decodes=1),
+                      plain, seed=4)
+    real = eng.scheduler.schedule
+    beside_drafts: list[int] = []  # a step's prompt tokens, where some request verifies drafts in it
+
+    def schedule(skip: Any = (), lookahead: int = 0) -> Any:
+        out = real(skip, lookahead)
+        prompt = sum(x.num_new_tokens for x in out.scheduled if x.num_new_tokens > 1 and not x.num_drafts)
+        if any(x.num_drafts for x in out.scheduled):
+            beside_drafts.append(prompt)
+        return out
+
+    eng.scheduler.schedule = schedule  # type: ignore[method-assign]
+    assert run(eng, workload(), GREEDY, stagger=2) == plain
+    assert any(beside_drafts) and max(beside_drafts) <= 8
+    assert all(eng.kv.num_free_blocks(g) == eng.kv.num_blocks(g) for g in eng.kv.groups)
+
+
 def test_rejected_drafts_never_reach_the_prefix_cache(narrow: Path, draft: Path) -> None:
     """A request whose drafts were half rejected leaves its blocks in the cache; a second request
     continuing its text reads them and must decode as it would with no cache at all."""

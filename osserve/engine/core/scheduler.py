@@ -8,6 +8,11 @@ served, while the token budget (max_num_batched_tokens), the cap on running requ
 recently admitted running request is preempted: its blocks are freed, it goes back to the front
 of the queue with its output so far, and later recomputes prompt + output and goes on.
 
+Decode-first (decode_first.py): the running requests that decode are counted before anything is
+scheduled, and the step's prompt tokens (running prompt chunks, newcomers, recomputes) are held to
+what the rule allows beside them; the decodes' own tokens are set aside in the budget, so a prompt
+chunk ahead of them in the running order never takes their place.
+
 Speculative decoding changes nothing of that rule: a request holding draft tokens (Request.drafts)
 computes its last token and the drafts in one chunk; the step's update takes the tokens the
 verification kept (one or more) and moves num_computed_tokens back past the rejected drafts, so
@@ -23,6 +28,7 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 
 from osserve.config import SchedulerConfig
+from osserve.engine.core.decode_first import prefill_allowance
 from osserve.engine.core.kv_cache import BlockCopy, KVCacheManager
 from osserve.engine.core.request import Request, RequestStatus, finished_status
 from osserve.engine.core.sampling_params import SamplingParams
@@ -135,15 +141,23 @@ class Scheduler:
         each chunk (speculative decoding's draft model writes its guesses there)."""
         out = SchedulerOutput()
         budget = self.config.max_num_batched_tokens
+        prefill = self._prefill_allowance(skip)
         i = 0
         while i < len(self.running) and budget > 0:
             req = self.running[i]
             if req.request_id in skip:
                 i += 1
                 continue
-            n = min(req.num_tokens - req.num_computed_tokens, budget)
+            left = req.num_tokens - req.num_computed_tokens
             drafts = 0 if req.drafts is None else self._fitting_drafts(req, budget)
-            n += drafts
+            if left > 1:  # a prompt chunk (or a preempted request's recompute): the prefill allowance
+                if prefill <= 0:
+                    i += 1  # the decodes took what the rule leaves this step
+                    continue
+                n = min(left, budget, prefill)
+                prefill -= n
+            else:
+                n = min(left, budget) + drafts
             # Offer its computed blocks to the prefix cache before allocate_slots releases the
             # sliding ones that left the window (with a step in flight, update_from_output comes
             # after this; every token before num_computed_tokens is known here).
@@ -164,14 +178,14 @@ class Scheduler:
             return out  # no room for newcomers while running requests are being evicted
         if not self._admit_now():
             return out
-        while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
+        while self.waiting and min(budget, prefill) > 0 and len(self.running) < self.config.max_num_seqs:
             req = self.waiting[0]
             if req.num_computed_tokens == 0:
                 cached = self.kv.claim_cached_prefix(req)
                 req.num_computed_tokens = cached
                 if not req.admitted_once:
                     req.num_cached_tokens = cached
-            n = min(req.num_tokens - req.num_computed_tokens, budget)
+            n = min(req.num_tokens - req.num_computed_tokens, budget, prefill)
             if not self.kv.allocate_slots(req, n + lookahead):
                 self.kv.free(req.request_id)  # give back the claimed prefix too
                 req.num_computed_tokens = 0
@@ -184,8 +198,21 @@ class Scheduler:
             self.running.append(req)
             out.scheduled.append(self._scheduled(req, n))
             budget -= n
+            prefill -= n
         out.block_copies = self.kv.take_copies()
         return out
+
+    def _prefill_allowance(self, skip: Collection[str]) -> int:
+        """The step's prompt tokens under the decode-first rule (decode_first.py): the decodes
+        (running requests with one token to compute, drafts and all) are counted first."""
+        cfg = self.config
+        num_decodes = decode_tokens = 0
+        for req in self.running:
+            if req.num_tokens - req.num_computed_tokens == 1 and req.request_id not in skip:
+                num_decodes += 1
+                decode_tokens += 1 + (len(req.drafts) if req.drafts is not None else 0)
+        return prefill_allowance(cfg.max_num_batched_tokens, decode_tokens, num_decodes, cfg.decode_first_chunk,
+                                 cfg.decode_first_min_decodes)
 
     def _admit_now(self) -> bool:
         """Admission pacing (SchedulerConfig.admission_delay_s): newcomers join a batch of decodes
