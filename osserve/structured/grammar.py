@@ -82,16 +82,15 @@ def harmony_lark(spec: StructuredOutputs, max_tokens: int | None) -> str:
     else:
         callable_ = list(calls)
     forced = spec.tool_choice in ("required", "named")
-    preamble = bool(callable_) and not forced  # a preamble announces a call the model may choose
+    preamble = _has_preamble(spec)
     actions = ([] if forced else ["final"]) + [f"call_{i}" for i in range(len(callable_))]
     analysis_text = preamble_text = "TEXT"
     budgets = []
-    if max_tokens is not None:  # the reasoning's share of max_tokens, the preamble's a quarter of it
-        budget = max(0, max_tokens - min(REASONING_RESERVE, (max_tokens + 1) // 2))
+    if max_tokens is not None:
+        analysis_budget, preamble_budget = _reasoning_budgets(spec, max_tokens)
         analysis_text, preamble_text = "analysis_text", "preamble_text"
-        short = budget // 4 if preamble else 0
-        budgets = [f"analysis_text[max_tokens={budget - short}]: /(?s:.*)/",
-                   f"preamble_text[max_tokens={short}]: /(?s:.*)/"]
+        budgets = [f"analysis_text[max_tokens={analysis_budget}]: /(?s:.*)/",
+                   f"preamble_text[max_tokens={preamble_budget}]: /(?s:.*)/"]
     lines = [
         "start: analysis? preamble? action" if preamble else "start: analysis? action",
         f'analysis: <|channel|> "analysis" <|message|> {analysis_text} <|end|> <|start|> "assistant"',
@@ -106,6 +105,35 @@ def harmony_lark(spec: StructuredOutputs, max_tokens: int | None) -> str:
         lines.append(f"call_{i}: <|channel|> {_literal(f'commentary to=functions.{name} ')} {body}"
                      f" | {_literal(f' to=functions.{name}')} <|channel|> \"commentary \" {body}")
     return "\n".join([*lines, *budgets, "TEXT: /(?s:.*)/"])
+
+
+def _has_preamble(spec: StructuredOutputs) -> bool:
+    """A preamble announces a call the model may choose: where a call is possible, not forced."""
+    return spec.tool_choice == "auto" and bool(spec.tools)
+
+
+def _reasoning_budgets(spec: StructuredOutputs, max_tokens: int) -> tuple[int, int]:
+    """The analysis' and the preamble's token budgets: the reasoning's share of max_tokens, the
+    preamble's a quarter of it where the grammar has one."""
+    budget = max(0, max_tokens - min(REASONING_RESERVE, (max_tokens + 1) // 2))
+    short = budget // 4 if _has_preamble(spec) else 0
+    return budget - short, short
+
+
+def free_channels(spec: StructuredOutputs, max_tokens: int | None) -> dict[str, int | None]:
+    """The channels of a harmony turn whose text harmony_lark leaves free (any text up to the
+    channel's closing token), each with its token budget (None: unbounded): the analysis, the
+    preamble where the grammar has one, and the final answer where it has no format. Empty for a
+    raw completion. structured/matchers.py gives such text a precomputed mask."""
+    if not spec.constrains or not spec.harmony:
+        return {}
+    analysis, preamble = _reasoning_budgets(spec, max_tokens) if max_tokens is not None else (None, None)
+    free: dict[str, int | None] = {"analysis": analysis}
+    if _has_preamble(spec):
+        free["commentary"] = preamble
+    if spec.answer_format is None and spec.tool_choice not in ("required", "named"):
+        free["final"] = None
+    return free
 
 
 def grammar_text(spec: StructuredOutputs, max_tokens: int | None) -> str | None:
