@@ -3,6 +3,7 @@
 call: llguidance's masks over the ~201k-token harmony vocabulary) and `Grammars.accept` are timed.
 
     PYTHONPATH=$PWD python benchmarks/bench_masks.py [--batches 1 32 256] [--rounds 3] [--out FILE]
+        [--modes llguidance shared]   (every row's mask from llguidance / Grammars' shared masks)
 
 Workloads (the grammars of the serving benchmark, `benchmarks/structured_ab.sh`, and of forced tool
 calls), each a harmony turn of max_tokens 256 (the reasoning's budget: 128 tokens):
@@ -20,7 +21,7 @@ alone: `analysis` (the reasoning's text, up to its `<|end|>`), `answer` (the hea
 the JSON answer or call, up to its stop token) and `stopped` (the stop token repeated after the
 grammar ended); and accept() of the step's tokens. Reported: the median ms a step over `--steps`
 steps (default 256: a request's whole life) and the median us a row, each the median over
-`--rounds` rounds. Host-only figures: the serving host fills masks with MASK_THREADS
+`--rounds` rounds, the modes' rounds alternating. Host-only figures: the serving host fills masks with MASK_THREADS
 (osserve/structured/matchers.py) threads, half its cores at most 8; this script uses the same rule.
 """
 
