@@ -92,16 +92,15 @@ def harmony_lark(spec: StructuredOutputs, max_tokens: int | None) -> str:
     else:
         callable_ = list(spec.tools)
     forced = spec.tool_choice in ("required", "named")
-    preamble = bool(callable_) and not forced  # a preamble announces a call the model may choose
+    preamble = _has_preamble(spec)
     actions = ([] if forced else ["final"]) + [f"call_{i}" for i in range(len(callable_))]
     analysis_text = preamble_text = "TEXT"
     budgets = []
-    if max_tokens is not None:  # the reasoning's share of max_tokens, the preamble's a quarter of it
-        budget = max(0, max_tokens - min(REASONING_RESERVE, (max_tokens + 1) // 2))
+    if max_tokens is not None:
+        analysis_budget, preamble_budget = _reasoning_budgets(spec, max_tokens)
         analysis_text, preamble_text = "analysis_text", "preamble_text"
-        short = budget // 4 if preamble else 0
-        budgets = [f"analysis_text[max_tokens={budget - short}]: /(?s:.*)/",
-                   f"preamble_text[max_tokens={short}]: /(?s:.*)/"]
+        budgets = [f"analysis_text[max_tokens={analysis_budget}]: /(?s:.*)/",
+                   f"preamble_text[max_tokens={preamble_budget}]: /(?s:.*)/"]
     lines = [
         "start: analysis? preamble? action" if preamble else "start: analysis? action",
         f'analysis: <|channel|> "analysis" <|message|> {analysis_text} <|end|> <|start|> "assistant"',
@@ -111,7 +110,8 @@ def harmony_lark(spec: StructuredOutputs, max_tokens: int | None) -> str:
     ]
     code_budget = CODE_MAX_TOKENS
     if max_tokens is not None:
-        code_budget = max(1, min(CODE_MAX_TOKENS, max_tokens - budget - CALL_HEADER_TOKENS))
+        reasoning = analysis_budget + preamble_budget
+        code_budget = max(1, min(CODE_MAX_TOKENS, max_tokens - reasoning - CALL_HEADER_TOKENS))
     for i, tool in enumerate(callable_):
         lines.extend(call_rules(f"call_{i}", tool, forced, code_budget))
     return "\n".join([*lines, *budgets, "TEXT: /(?s:.*)/"])
@@ -136,6 +136,35 @@ def call_rules(rule: str, tool: ToolSpec, forced: bool, code_budget: int) -> lis
         after = f"<|channel|> {_literal(f'commentary to={recipient} ')} {message}"
         before = f"{_literal(f' to={recipient}')} <|channel|> \"commentary \" {message}"
     return [f"{rule}: {after} | {before}", *body_rule]
+
+
+def _has_preamble(spec: StructuredOutputs) -> bool:
+    """A preamble announces a call the model may choose: where a call is possible, not forced."""
+    return spec.tool_choice == "auto" and bool(spec.tools)
+
+
+def _reasoning_budgets(spec: StructuredOutputs, max_tokens: int) -> tuple[int, int]:
+    """The analysis' and the preamble's token budgets: the reasoning's share of max_tokens, the
+    preamble's a quarter of it where the grammar has one."""
+    budget = max(0, max_tokens - min(REASONING_RESERVE, (max_tokens + 1) // 2))
+    short = budget // 4 if _has_preamble(spec) else 0
+    return budget - short, short
+
+
+def free_channels(spec: StructuredOutputs, max_tokens: int | None) -> dict[str, int | None]:
+    """The channels of a harmony turn whose text harmony_lark leaves free (any text up to the
+    channel's closing token), each with its token budget (None: unbounded): the analysis, the
+    preamble where the grammar has one, and the final answer where it has no format. Empty for a
+    raw completion. structured/matchers.py gives such text a precomputed mask."""
+    if not spec.constrains or not spec.harmony:
+        return {}
+    analysis, preamble = _reasoning_budgets(spec, max_tokens) if max_tokens is not None else (None, None)
+    free: dict[str, int | None] = {"analysis": analysis}
+    if _has_preamble(spec):
+        free["commentary"] = preamble
+    if spec.answer_format is None and spec.tool_choice not in ("required", "named"):
+        free["final"] = None
+    return free
 
 
 def grammar_text(spec: StructuredOutputs, max_tokens: int | None) -> str | None:

@@ -7,6 +7,13 @@ the scheduler only once its matcher is ready, so a new schema never stalls the r
 running. Compiled grammars are cached by their text (a server sees the same few schemas over and
 over); each request gets a copy. Masks of a step's rows are filled in parallel by llguidance's own
 threads into one host buffer: a 32-bit word per 32 tokens, bit set = allowed.
+
+Most rows of a reasoning model's batch are in free text (the analysis channel), whose mask is the
+same at almost every step (free_text.py says where), and many more have finished their grammar and
+may only repeat a stop token. Those rows skip llguidance: each takes its grammar's mask for that
+state, learnt from llguidance the first time a request of the grammar is there and kept with the
+compiled grammar, and copied into its buffer row only when the row held another mask the step
+before (their matchers still see every token). The rows llguidance fills come first in the buffer.
 """
 
 from __future__ import annotations
@@ -15,33 +22,49 @@ import os
 import threading
 from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
-from osserve.structured.vocabulary import harmony_lltokenizer
+from osserve.structured.free_text import FreeText, Phase
+from osserve.structured.vocabulary import harmony_lltokenizer, utf8_shapes
 
 if TYPE_CHECKING:
     from llguidance import LLExecutor, LLMatcher
 
-CACHE_SIZE = 256  # compiled grammars kept (a few hundred KB each at most)
+CACHE_SIZE = 256  # compiled grammars kept (a few hundred KB each at most, their shared masks 25 KB each)
 # llguidance's mask threads: half the cores, at most 8. Its default (80% of the cores) contends with
 # the HTTP processes and the engine's own thread on a serving host.
 MASK_THREADS = max(1, min(8, (os.cpu_count() or 2) // 2))
 
 
+STOPPED = b""  # the key of a finished grammar's mask (a free channel's key is its name, never empty)
+
+
+@dataclass
+class Compiled:
+    """A grammar compiled once: the matcher each request copies, and the masks its requests share
+    (free channels' and the finished grammar's), learnt as the requests reach those states."""
+
+    template: LLMatcher
+    masks: dict[bytes, torch.Tensor] = field(default_factory=dict)
+
+
 @dataclass
 class GrammarState:
     matcher: LLMatcher
+    masks: dict[bytes, torch.Tensor]  # its Compiled's
+    free: FreeText | None = None  # where it stands in its free channels (None: the grammar has none)
     failed: str | None = None  # why the grammar cannot go on: the request ends with finish reason "grammar"
 
 
 @dataclass
 class StepMasks:
-    """One step's masks: `rows` (indices into the step's sampled rows) and their bits, [len(rows), W]
-    int32 on the host. `dead` holds the rows whose grammar allows no token at all."""
+    """One step's masks: `rows` (indices into the step's sampled rows, in no particular order) and
+    their bits, [len(rows), W] int32 on the host. `dead` holds the rows whose grammar allows no token
+    at all."""
 
     rows: list[int]
     bits: torch.Tensor
@@ -49,55 +72,63 @@ class StepMasks:
 
 
 class Grammars:
-    def __init__(self, vocab_size: int, pin_memory: bool = False) -> None:
+    def __init__(self, vocab_size: int, pin_memory: bool = False, shared_masks: bool = True) -> None:
+        """shared_masks: give free-text and finished rows their grammar's shared mask (False: every
+        row from llguidance, as a reference)."""
         self.words = (vocab_size + 31) // 32
         self.pin_memory = pin_memory
+        self.shared_masks = shared_masks
         self._compiler = ThreadPoolExecutor(1, thread_name_prefix="osserve-grammar")
-        self._cache: OrderedDict[str, LLMatcher] = OrderedDict()
+        self._cache: OrderedDict[str, Compiled] = OrderedDict()
         self._cache_lock = threading.Lock()
-        self._pending: dict[str, Future[LLMatcher]] = {}
+        self._pending: dict[str, tuple[Future[tuple[LLMatcher, Compiled]], dict[str, int | None]]] = {}
         self.states: dict[str, GrammarState] = {}
         self._executor: LLExecutor | None = None
         self._buffer = torch.empty(0, self.words, dtype=torch.int32)
+        self._holds: list[torch.Tensor | None] = []  # the shared mask each buffer row holds, if any
 
     # ------------------------------------------------------------------ compiling
-    def start(self, request_id: str, grammar: str) -> None:
-        """Compile (or copy from the cache) in the worker thread; `ready` hands the result over."""
-        self._pending[request_id] = self._compiler.submit(self._compile, grammar)
+    def start(self, request_id: str, grammar: str, free: dict[str, int | None] | None = None) -> None:
+        """Compile (or copy from the cache) in the worker thread; `ready` hands the result over.
+        free: the grammar's free channels and their budgets (grammar.free_channels)."""
+        self._pending[request_id] = (self._compiler.submit(self._compile, grammar), free or {})
 
-    def _compile(self, grammar: str) -> LLMatcher:
+    def _compile(self, grammar: str) -> tuple[LLMatcher, Compiled]:
         from llguidance import LLMatcher
 
+        utf8_shapes()  # built once, here rather than on the step loop
         with self._cache_lock:
-            template = self._cache.get(grammar)
-            if template is not None:
+            compiled = self._cache.get(grammar)
+            if compiled is not None:
                 self._cache.move_to_end(grammar)
-        if template is None:
+        if compiled is None:
             text = grammar if grammar.startswith("{") else LLMatcher.grammar_from_lark(grammar)
-            template = LLMatcher(harmony_lltokenizer(), text, log_level=0)
+            compiled = Compiled(LLMatcher(harmony_lltokenizer(), text, log_level=0))
             with self._cache_lock:
-                self._cache[grammar] = template
+                self._cache[grammar] = compiled
                 while len(self._cache) > CACHE_SIZE:
                     self._cache.popitem(last=False)
-        return template.deep_copy()
+        return compiled.template.deep_copy(), compiled
 
     def ready(self, wait: bool = False) -> list[tuple[str, str | None]]:
         """The requests whose grammar finished compiling, each with None or the error that stops it
         (a grammar llguidance rejects). wait: block for every pending one (nothing else to do)."""
         done: list[tuple[str, str | None]] = []
-        for rid, future in list(self._pending.items()):
+        for rid, (future, free) in list(self._pending.items()):
             if not (wait or future.done()):
                 continue
             del self._pending[rid]
             try:
-                matcher = future.result()
+                matcher, compiled = future.result()
             except Exception as e:  # noqa: BLE001 - the library's errors are not typed
                 done.append((rid, f"the output grammar could not be built: {e}"))
                 continue
             if matcher.is_error():
                 done.append((rid, f"the output grammar could not be built: {matcher.get_error()}"))
                 continue
-            self.states[rid] = GrammarState(matcher)
+            budgets = {name.encode(): budget for name, budget in free.items()}
+            self.states[rid] = GrammarState(matcher, compiled.masks,
+                                            FreeText(budgets, utf8_shapes()) if budgets else None)
             done.append((rid, None))
         return done
 
@@ -106,9 +137,9 @@ class Grammars:
         return len(self._pending)
 
     def drop(self, request_id: str) -> None:
-        future = self._pending.pop(request_id, None)
-        if future is not None:
-            future.cancel()
+        pending = self._pending.pop(request_id, None)
+        if pending is not None:
+            pending[0].cancel()
         self.states.pop(request_id, None)
 
     # ------------------------------------------------------------------ stepping
@@ -123,6 +154,8 @@ class Grammars:
             if not state.matcher.consume_token(token):
                 state.failed = f"the output grammar rejected token {token}: {state.matcher.get_error()}"
                 rejected.add(rid)
+            elif state.free is not None and state.free.phase is not Phase.OFF:
+                state.free.feed(token, harmony_lltokenizer().decode_bytes([token]) if state.free.in_header else None)
         return rejected
 
     def constrains(self, request_id: str) -> bool:
@@ -141,23 +174,53 @@ class Grammars:
         if self._buffer.shape[0] < len(rows):
             self._buffer = torch.empty(max(len(rows), 2 * self._buffer.shape[0]), self.words, dtype=torch.int32,
                                        pin_memory=self.pin_memory)
+            self._holds = [None] * self._buffer.shape[0]
         if self._executor is None:
             from llguidance import LLExecutor
 
             self._executor = LLExecutor(MASK_THREADS)
+        states = [self.states[request_ids[row]] for row in rows]
+        keys = [self._shared_key(state) if self.shared_masks else None for state in states]
+        shared = [state.masks.get(key) if key is not None else None for state, key in zip(states, keys, strict=True)]
+        # llguidance's rows first; then the shared ones, those of one mask together, so that a buffer
+        # row mostly holds the same mask as the step before (and is not copied again).
+        filled = [k for k, mask in enumerate(shared) if mask is None]
+        order = filled + sorted((k for k, mask in enumerate(shared) if mask is not None), key=lambda k: id(shared[k]))
         bits = self._buffer[: len(rows)]
-        matchers = [(self.states[request_ids[row]].matcher, k) for k, row in enumerate(rows)]
-        fill_next_token_bitmask_par(self._executor, matchers, bits)
+        if filled:
+            fill_next_token_bitmask_par(self._executor, [(states[k].matcher, slot) for slot, k in enumerate(filled)],
+                                        bits)
+        for slot in range(len(filled), len(rows)):
+            mask = shared[order[slot]]
+            assert mask is not None
+            if self._holds[slot] is not mask:
+                bits[slot].copy_(mask)
+                self._holds[slot] = mask
         # numpy, not torch: torch's intra-op threads on a busy host made this small scan take ms.
-        empty = (np.count_nonzero(bits.numpy(), axis=1) == 0).tolist()
+        empty = (np.count_nonzero(bits[: len(filled)].numpy(), axis=1) == 0).tolist()
         dead = []
-        for k, row in enumerate(rows):
-            state = self.states[request_ids[row]]
-            if state.matcher.is_error() or empty[k]:
+        for slot, k in enumerate(filled):
+            self._holds[slot] = None
+            state, key = states[k], keys[k]
+            if state.matcher.is_error() or empty[slot]:
                 state.failed = "the output grammar allows no next token" + (
                     f": {state.matcher.get_error()}" if state.matcher.is_error() else "")
-                dead.append(row)
-        return StepMasks(rows, bits, dead)
+                dead.append(rows[k])
+            elif key is not None and key not in state.masks:  # learnt: the grammar's mask in that state
+                state.masks[key] = bits[slot].clone()
+        return StepMasks([rows[k] for k in order], bits, dead)
+
+    @staticmethod
+    def _shared_key(state: GrammarState) -> bytes | None:
+        """The key of the shared mask the row takes (a free channel's, or STOPPED), or None:
+        llguidance fills it."""
+        if state.free is not None:
+            channel = state.free.free_channel()
+            if channel is not None:
+                return channel
+        if state.matcher.is_stopped() and not state.matcher.is_error():
+            return STOPPED
+        return None
 
     def failure(self, request_id: str) -> str | None:
         state = self.states.get(request_id)
