@@ -16,9 +16,10 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
+from osserve.config import ModelConfig
 from osserve.demo.trainable import DemoTrainable
 from osserve.model.weights import SINGLE_FILE, checkpoint_layout
-from osserve.ops.mxfp4.reference import quantize_mxfp4
+from osserve.ops.mxfp4.reference import dequantize_mxfp4, quantize_mxfp4
 
 ROW_TENSORS = ("model.embed_tokens.weight", "lm_head.weight")
 
@@ -74,3 +75,44 @@ def corpus_version(path: str | Path) -> int:
     """The corpus a compact checkpoint was trained on (demo/corpus.py); 1 where it does not say."""
     with safe_open(str(path), framework="pt") as f:
         return int((f.metadata() or {}).get("corpus_version", "1"))
+
+
+def compact_vocab(path: str | Path) -> list[int]:
+    """The token ids a compact checkpoint has rows for, in its row order."""
+    with safe_open(str(path), framework="pt") as f:
+        return [int(t) for t in f.get_tensor("vocab").tolist()]
+
+
+def load_trainable(path: str | Path, vocab: list[int], generator: torch.Generator) -> DemoTrainable:
+    """A compact checkpoint back in training form (float weights, experts dequantised from MXFP4),
+    over `vocab`: the checkpoint's tokens first, in its order, then any new ones. A new token's
+    embedding is drawn from the old rows' per-dimension mean and spread; its output row is the
+    old embedding-to-output map (ridge least squares over the old tokens) applied to that
+    embedding, so a token the model only has to copy starts out near what copying it needs."""
+    with safe_open(str(path), framework="pt") as f:
+        config = ModelConfig.from_dict(json.loads(f.metadata()["config"]))
+    tensors = load_file(str(path))
+    old = [int(t) for t in tensors.pop("vocab").tolist()]
+    assert vocab[: len(old)] == old, "the new vocabulary must start with the checkpoint's, in its order"
+    model = DemoTrainable(config, vocab, config.vocab_size)
+    model.init_weights(generator)
+    n_new = len(vocab) - len(old)
+    with torch.no_grad():
+        for n in range(config.num_hidden_layers):
+            x = f"model.layers.{n}.mlp.experts."
+            for name, param in (("gate_up_proj", model.gate_up[n]), ("down_proj", model.down[n])):
+                blocks, scales = tensors.pop(x + name + "_blocks"), tensors.pop(x + name + "_scales")
+                param.copy_(dequantize_mxfp4(blocks, scales, torch.float32))
+        embed, head = tensors.pop(ROW_TENSORS[0]).float(), tensors.pop(ROW_TENSORS[1]).float()
+        model.net.model.embed_tokens.weight[: len(old)] = embed
+        model.net.lm_head.weight[: len(old)] = head
+        if n_new:
+            mean, std = embed.mean(0), embed.std(0)
+            new_embed = mean + std * torch.randn(n_new, embed.shape[1], generator=generator)
+            gram = embed.T @ embed + 1e-2 * len(old) * torch.eye(embed.shape[1])
+            to_head = torch.linalg.solve(gram, embed.T @ head)
+            model.net.model.embed_tokens.weight[len(old):] = new_embed
+            model.net.lm_head.weight[len(old):] = new_embed @ to_head
+        for name, t in tensors.items():
+            model.net.get_parameter(name).copy_(t.float())
+    return model

@@ -48,6 +48,12 @@ class EvalReport:
     tool_calls_expected: int = 0
     tool_calls_valid: int = 0
     failures: list[str] = field(default_factory=list)
+    by_task: dict[str, list[int]] = field(default_factory=dict)  # task -> [right, prompts]
+
+    def count(self, task: str, right: bool) -> None:
+        tally = self.by_task.setdefault(task, [0, 0])
+        tally[0] += right
+        tally[1] += 1
 
     @property
     def answer_rate(self) -> float:
@@ -61,6 +67,10 @@ class EvalReport:
         return (f"{self.answers_right}/{self.prompts} final answers exactly right ({self.answer_rate:.1%}); "
                 f"{self.tool_calls_valid}/{self.tool_calls_expected} tool calls valid JSON for the declared "
                 f"schema ({self.tool_call_valid_rate:.1%})")
+
+    def by_task_summary(self) -> str:
+        """Each task's prompts answered exactly right (a tool task: the call, then the answer)."""
+        return ", ".join(f"{task} {r}/{n}" for task, (r, n) in sorted(self.by_task.items()))
 
 
 SECOND_TURNS = ("tool_answer", "python_answer")
@@ -122,6 +132,7 @@ def evaluate(ask: Ask, examples: list[Example]) -> EvalReport:
             code = next((arguments for name, arguments in reply.tool_calls if name == "python"), None)
             if code is None or len(reply.tool_calls) != 1:
                 report.failures.append(f"{ex.user_text!r}: wanted one python call, got {reply}")
+                report.count(ex.task, False)
                 continue
             report.tool_calls_valid += 1
             call = ToolCall("ci_0", "python", code, recipient="python", channel="analysis")
@@ -131,7 +142,9 @@ def evaluate(ask: Ask, examples: list[Example]) -> EvalReport:
             second.append((ex, f"{a} * {b} = {a * b}.", AskRequest(messages, ex.tools, ex.effort, True)))
             continue
         if ex.tool_call is None:
-            if reply.content == ex.answer and not reply.tool_calls:
+            right = reply.content == ex.answer and not reply.tool_calls
+            report.count(ex.task, right)
+            if right:
                 report.answers_right += 1
             else:
                 got = f"{reply.content[:120]!r} {reply.tool_calls}"
@@ -140,11 +153,13 @@ def evaluate(ask: Ask, examples: list[Example]) -> EvalReport:
         report.tool_calls_expected += 1
         if len(reply.tool_calls) != 1:
             report.failures.append(f"{ex.user_text!r}: wanted one tool call, got {reply}")
+            report.count(ex.task, False)
             continue
         name, arguments = reply.tool_calls[0]
         args = valid_call(name, arguments, ex.tools)
         if args is None:
             report.failures.append(f"{ex.user_text!r}: invalid call {name}({arguments})")
+            report.count(ex.task, False)
             continue
         report.tool_calls_valid += 1
         result = fake_service(name, args)
@@ -154,7 +169,9 @@ def evaluate(ask: Ask, examples: list[Example]) -> EvalReport:
         expected = tool_answer(ex.extra["kind"], fake_service(ex.extra["kind"], {"city": ex.extra["city"]}))[1]
         second.append((ex, expected, AskRequest(messages, ex.tools, ex.effort, ex.python)))
     for (ex, expected, _), reply in zip(second, ask([r for _, _, r in second]), strict=True):
-        if reply.content == expected and not reply.tool_calls:
+        right = reply.content == expected and not reply.tool_calls
+        report.count(ex.task, right)
+        if right:
             report.answers_right += 1
         else:
             got = reply.content[:120]
@@ -186,8 +203,10 @@ def llm_asker(llm: Any, max_tokens: int = 160) -> Ask:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """`python -m osserve.demo.evaluate --compact FILE [--n 200] [--device cuda]`: expand a compact
-    checkpoint into a temporary folder and score it with the offline engine."""
+    """`python -m osserve.demo.evaluate --compact FILE [--n 200] [--device cuda] [--corpus 2]
+    [--efforts medium]`: expand a compact checkpoint into a temporary folder and score it with the
+    offline engine, on the corpus it was trained on unless --corpus names another (to compare
+    checkpoints of two corpora on the same prompts)."""
     import argparse
     import tempfile
 
@@ -199,16 +218,19 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--n", type=int, default=200)
     p.add_argument("--device", default=None)
     p.add_argument("--show-failures", type=int, default=10)
+    p.add_argument("--corpus", type=int, default=None, help="the corpus of the prompts (default: the trained one)")
+    p.add_argument("--efforts", default="medium,low,high", help="comma-separated reasoning efforts to score")
     a = p.parse_args(argv)
-    version = corpus_version(a.compact)
-    print(f"corpus {version}", flush=True)
+    version = a.corpus or corpus_version(a.compact)
+    print(f"{a.compact}: trained on corpus {corpus_version(a.compact)}; prompts from corpus {version}", flush=True)
     with tempfile.TemporaryDirectory() as tmp:
         llm = LLM(model=str(expand_compact(a.compact, tmp)), device=a.device, max_model_len=1024)
-        for effort in ("medium", "low", "high"):
+        for effort in a.efforts.split(","):
             for python in (False, True) if version >= 2 else (False,):
                 report = evaluate(llm_asker(llm), heldout_examples(a.n, effort=effort, version=version, python=python))
                 what = "python declared or asked for" if python else "no python"
                 print(f"reasoning {effort}, {what}: {report.summary()}", flush=True)
+                print(f"  by task: {report.by_task_summary()}", flush=True)
                 for line in report.failures[: a.show_failures]:
                     print("  ", line)
 

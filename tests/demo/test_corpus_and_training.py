@@ -88,3 +88,31 @@ def test_training_lowers_the_loss_and_writes_a_compact_checkpoint(tmp_path: Path
     assert meta["steps_done"] == "20" and meta["seed"] == "0" and meta["corpus_version"] == "2"
     # the mean loss over the 20 steps, from ~12.2 (uniform over the vocabulary) at step 0
     assert float(meta["final_loss"]) < 10.0
+
+
+def test_fine_tuning_keeps_the_init_tokens_rows_and_serves(tmp_path: Path) -> None:
+    """--init: the shipped checkpoint's tokens keep their rows and order, corpus 2's new tokens are
+    appended, the metadata names the init, and the result (a near-zero rate: the shipped function)
+    loads in the engine and answers as the shipped model does."""
+    from safetensors.torch import load_file
+
+    from osserve.demo.compact import compact_vocab, expand_compact
+    from osserve.demo.evaluate import evaluate, llm_asker
+    from osserve.demo.weights import DEMO_WEIGHTS
+    from osserve.engine.llm import LLM
+
+    path = train(TrainConfig(out=str(tmp_path / "ft.safetensors"), init=str(DEMO_WEIGHTS), steps=3, batch_size=2,
+                             examples=40, warmup=1, lr=1e-6, qat_fraction=1.0, device="cpu"))
+    with safe_open(str(path), framework="pt") as f:
+        meta = f.metadata()
+    assert meta["init"] == DEMO_WEIGHTS.name and meta["init_corpus_version"] == "1" and meta["corpus_version"] == "2"
+    old, new = compact_vocab(DEMO_WEIGHTS), compact_vocab(path)
+    assert new[: len(old)] == old and len(new) > len(old) and len(set(new)) == len(new)
+    before, after = load_file(str(DEMO_WEIGHTS)), load_file(str(path))
+    for name in ("model.embed_tokens.weight", "lm_head.weight"):
+        moved = (after[name][: len(old)].float() - before[name].float()).abs().max()
+        assert moved < 0.05, (name, moved)
+    llm = LLM(model=str(expand_compact(path, tmp_path / "hf")), device="cpu", max_model_len=1024)
+    prompts = [ex for ex in heldout_examples(60, version=1) if ex.task in ("addition", "conversion")][:4]
+    report = evaluate(llm_asker(llm), prompts)
+    assert report.answers_right == len(prompts), report.failures

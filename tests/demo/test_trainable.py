@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 import torch
 
 from osserve.config import ModelConfig
-from osserve.demo.compact import expand_compact, save_compact
+from osserve.demo.compact import compact_vocab, expand_compact, load_trainable, save_compact
 from osserve.demo.trainable import DEMO_CONFIG, DemoTrainable, dense_attention
 from osserve.model.weights import build_model, load_weights
 from osserve.ops.attention.reference import paged_attention_reference
@@ -77,3 +78,29 @@ def test_exported_checkpoint_serves_the_trained_function(tmp_path: Path) -> None
     with torch.no_grad():
         hidden, _ = m(seqs[0][None])
     assert (m.net.lm_head(hidden[0]) - served_logits[:140, vocab]).abs().max() > 1e-2
+
+
+def test_a_compact_checkpoint_comes_back_in_training_form(tmp_path: Path) -> None:
+    """load_trainable inverts save_compact: the same logits over the old tokens, the old rows in
+    their order, and new tokens appended with rows of their own."""
+    vocab = sorted({0, 5, 17, 200006, 200005, 200002, *range(1000, 1100)})
+    m = _trainable(vocab)
+    compact = save_compact(m, tmp_path / "demo.safetensors", {"seed": "0"})
+    assert compact_vocab(compact) == vocab
+    new = [3000, 3001, 42]  # appended as given, after the checkpoint's tokens
+    back = load_trainable(compact, vocab + new, torch.Generator().manual_seed(1))
+    back.quantize_experts = True
+    n = len(vocab)
+    assert back.vocab == vocab + new
+    torch.testing.assert_close(back.net.model.embed_tokens.weight[:n], m.net.model.embed_tokens.weight)
+    torch.testing.assert_close(back.net.lm_head.weight[:n], m.net.lm_head.weight)
+    new_embed = back.net.model.embed_tokens.weight[n:]
+    assert new_embed.abs().sum(dim=1).min() > 0 and back.net.lm_head.weight[n:].abs().sum(dim=1).min() > 0
+    assert torch.cdist(new_embed, back.net.model.embed_tokens.weight[:n]).min() > 1.0  # not copies of old rows
+    seq = torch.randint(0, n, (60,), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        want = m.net.lm_head(m(seq[None])[0][0])
+        got = back.net.lm_head(back(seq[None])[0][0])
+    torch.testing.assert_close(got[:, :n], want, atol=1e-4, rtol=1e-4)
+    with pytest.raises(AssertionError, match="start with the checkpoint's"):
+        load_trainable(compact, list(reversed(vocab)), torch.Generator())
