@@ -81,6 +81,22 @@ def _cache() -> tuple[torch.Tensor, torch.Tensor]:
             torch.empty(NUM_BLOCKS, BLOCK, KV_HEADS, HEAD_DIM, dtype=BF16))
 
 
+def _caches() -> list[dict[str, torch.Tensor | None]]:
+    """The KV caches the kernels take: bf16, and FP8 with its scales (--kv-cache-dtype fp8) where the
+    target converts e4m3 (sm_89 and later: engine/load.py refuses it below)."""
+    from osserve.ops.attention.fp8_triton import MIN_CAPABILITY
+    from osserve.ops.attention.kv_format import FP8_DTYPE, KVCache
+    from osserve.ops.policy import kernel_policy
+
+    k, v = _cache()
+    caches: list[dict[str, torch.Tensor | None]] = [dict(k_cache=k, v_cache=v, k_scales=None, v_scales=None)]
+    capability = kernel_policy(torch.device("cuda")).capability
+    if capability is not None and capability >= MIN_CAPABILITY:
+        fp8 = KVCache.allocate(NUM_BLOCKS, BLOCK, KV_HEADS, HEAD_DIM, FP8_DTYPE, "cpu")
+        caches.append(dict(k_cache=fp8.k, v_cache=fp8.v, k_scales=fp8.k_scales, v_scales=fp8.v_scales))
+    return caches
+
+
 def _prepared() -> Any:
     """Experts in the Triton kernels' layout (ops/moe/layout.py), unwritten: scales group-major."""
     from osserve.ops.moe.weights import PreparedExperts
@@ -101,21 +117,24 @@ def attention(sms: int) -> None:
     from osserve.ops.attention.decode_triton import paged_decode_triton
     from osserve.ops.attention.paged_triton import _prefill, write_kv_triton
 
-    k_cache, v_cache = _cache()
     sinks = torch.empty(HEADS, dtype=BF16)
-    for t, window in ((512, None), (512, 128)):  # a prompt: full and sliding layers
-        q = torch.empty(t, HEADS, HEAD_DIM, dtype=BF16)
-        starts, lengths = torch.tensor([0, t], dtype=torch.int32), torch.tensor([t], dtype=torch.int32)
-        _prefill(q, k_cache, v_cache, sinks, starts, lengths, torch.zeros(1, 40, dtype=torch.int32), 0.125, window, t,
-                 torch.empty_like(q))
-        kv = torch.empty(t, KV_HEADS, HEAD_DIM, dtype=BF16)
-        write_kv_triton(kv, kv, k_cache, v_cache, torch.zeros(t, dtype=torch.int64))
-    for b, context, window in ((1, 32768, None), (1, 32768, 128), (32, 4096, None)):  # decode
-        q = torch.empty(b, HEADS, HEAD_DIM, dtype=BF16)
-        splits = _splits_on(sms, b, context if window is None else window)
-        paged_decode_triton(q, k_cache, v_cache, sinks, torch.arange(b + 1, dtype=torch.int32),
-                            torch.full((b,), context, dtype=torch.int32), torch.zeros(b, 40, dtype=torch.int32),
-                            0.125, window, context, torch.empty_like(q), num_splits=splits)
+    for c in _caches():
+        scales = dict(k_scales=c["k_scales"], v_scales=c["v_scales"])
+        k_cache, v_cache = c["k_cache"], c["v_cache"]
+        assert k_cache is not None and v_cache is not None
+        for t, window in ((512, None), (512, 128)):  # a prompt: full and sliding layers
+            q = torch.empty(t, HEADS, HEAD_DIM, dtype=BF16)
+            starts, lengths = torch.tensor([0, t], dtype=torch.int32), torch.tensor([t], dtype=torch.int32)
+            _prefill(q, k_cache, v_cache, sinks, starts, lengths, torch.zeros(1, 40, dtype=torch.int32), 0.125, window,
+                     t, torch.empty_like(q), **scales)
+            kv = torch.empty(t, KV_HEADS, HEAD_DIM, dtype=BF16)
+            write_kv_triton(kv, kv, k_cache, v_cache, torch.zeros(t, dtype=torch.int64), **scales)
+        for b, context, window in ((1, 32768, None), (1, 32768, 128), (32, 4096, None)):  # decode
+            q = torch.empty(b, HEADS, HEAD_DIM, dtype=BF16)
+            splits = _splits_on(sms, b, context if window is None else window)
+            paged_decode_triton(q, k_cache, v_cache, sinks, torch.arange(b + 1, dtype=torch.int32),
+                                torch.full((b,), context, dtype=torch.int32), torch.zeros(b, 40, dtype=torch.int32),
+                                0.125, window, context, torch.empty_like(q), num_splits=splits, **scales)
 
 
 def _splits_on(sms: int, b: int, context: int) -> int:
@@ -133,7 +152,6 @@ def norms_and_rope(sms: int) -> None:
     from osserve.ops.rope.rope_triton import rope_and_cache_triton
 
     w = torch.empty(H, dtype=BF16)
-    k_cache, v_cache = _cache()
     cos = sin = torch.empty(4096, HEAD_DIM // 2)
     for t in (1, 32, 512):
         residual = torch.empty(t, H, dtype=BF16)
@@ -144,15 +162,18 @@ def norms_and_rope(sms: int) -> None:
         embed_rms_norm_triton(ids, torch.empty(VOCAB, H, dtype=BF16), w, 1e-5)
         embed_rms_norm_triton(ids, torch.empty(VOCAB, H, dtype=BF16), w, 1e-5, ids, ids)  # async scheduling
         positions, slots = torch.zeros(t, dtype=torch.int64), torch.zeros(t, dtype=torch.int64)
-        if t <= 32:
-            qkv = torch.empty((HEADS + 2 * KV_HEADS) * HEAD_DIM, H, dtype=BF16)
-            qkv_rope_cache_triton(torch.empty(t, H, dtype=BF16), qkv, torch.empty(qkv.shape[0], dtype=BF16), HEADS,
-                                  KV_HEADS, cos, sin, positions, k_cache, v_cache, slots)
-        else:
-            rope_and_cache_triton(torch.empty(t, HEADS, HEAD_DIM, dtype=BF16),
-                                  torch.empty(t, KV_HEADS, HEAD_DIM, dtype=BF16),
-                                  torch.empty(t, KV_HEADS, HEAD_DIM, dtype=BF16), cos, sin, k_cache, v_cache, slots,
-                                  positions=positions)
+        for c in _caches():  # bf16 and FP8 caches
+            k_cache, v_cache, k_scales, v_scales = c["k_cache"], c["v_cache"], c["k_scales"], c["v_scales"]
+            assert k_cache is not None and v_cache is not None
+            if t <= 32:
+                qkv = torch.empty((HEADS + 2 * KV_HEADS) * HEAD_DIM, H, dtype=BF16)
+                qkv_rope_cache_triton(torch.empty(t, H, dtype=BF16), qkv, torch.empty(qkv.shape[0], dtype=BF16),
+                                      HEADS, KV_HEADS, cos, sin, positions, k_cache, v_cache, slots, k_scales, v_scales)
+            else:
+                rope_and_cache_triton(torch.empty(t, HEADS, HEAD_DIM, dtype=BF16),
+                                      torch.empty(t, KV_HEADS, HEAD_DIM, dtype=BF16),
+                                      torch.empty(t, KV_HEADS, HEAD_DIM, dtype=BF16), cos, sin, k_cache, v_cache,
+                                      slots, positions=positions, k_scales=k_scales, v_scales=v_scales)
 
 
 def router(sms: int) -> None:
@@ -262,8 +283,8 @@ def record(policy: KernelPolicy, scenarios: list[str]) -> list[Launch]:
 
 
 # --------------------------------------------------------------------------------- compile and read
-CONFIG_KEYS = re.compile(r"BLOCK(_[A-Z0-9]+)?|NUM_STAGES|NUM_SPLITS|SPLITS?|HAS_WINDOW|PARTS_[SJ]|FAST|PDL|num_warps|"
-                         r"num_stages")
+CONFIG_KEYS = re.compile(r"BLOCK(_[A-Z0-9]+)?|NUM_STAGES|NUM_SPLITS|SPLITS?|HAS_WINDOW|PARTS_[SJ]|FAST|PDL|FP8|"
+                         r"num_warps|num_stages")
 
 
 def config(launch: Launch) -> str:

@@ -2,9 +2,9 @@
 cannot honour, each refused at start with a message that says what osserve does instead, never
 dropped without a word.
 
-Two kinds. NOT_YET: features being built (an fp8 KV cache, data and pipeline parallelism);
-turning one on is deleting its entry here and wiring the value where the engine is assembled
-(engine/load.py) or the server started (server/run.py).
+Two kinds. NOT_YET: features being built (data and pipeline parallelism); turning one on is
+deleting its entry here and wiring the value where the engine is assembled (engine/load.py) or the
+server started (server/run.py).
 NEVER: settings of machinery osserve does not have (torch.compile, other attention or MoE
 backends, other reasoning/tool-call parsers).
 
@@ -23,7 +23,9 @@ from osserve.errors import ConfigError
 # What vLLM and SGLang call the one parser osserve has: harmony, through openai-harmony.
 HARMONY_PARSERS = ("openai", "gpt-oss", "gpt_oss", "openai_gptoss", "harmony")
 TRITON = ("triton", "TRITON_ATTN", "TRITON_ATTN_VLLM_V1")
-BF16_KV = ("auto",)
+# --kv-cache-dtype values osserve takes (engine/load.py's resolve_kv_dtype): the model's dtype, or FP8 e4m3
+# with a power-of-two scale per token and kv head (ops/attention/kv_format.py).
+KV_CACHE_DTYPES = ("auto", "bfloat16", "bf16", "fp8", "fp8_e4m3")
 
 
 @dataclass(frozen=True)
@@ -43,15 +45,16 @@ NOT_YET = [
     Refusal("enable_dp_attention", bool,
             "--enable-dp-attention is not supported yet; osserve splits attention by heads over the "
             "--tensor-parallel-size ranks"),
-    Refusal("kv_cache_dtype", lambda v: v is not None and str(v).lower().startswith("fp8"),
-            "--kv-cache-dtype {value} is not supported yet; osserve stores the KV cache in bf16 "
-            "(--kv-cache-dtype auto)"),
 ]
 
 NEVER = [
-    Refusal("kv_cache_dtype", lambda v: v is not None and v not in BF16_KV and not str(v).lower().startswith("fp8"),
-            "--kv-cache-dtype {value}: osserve stores the KV cache in the model's dtype (bf16 on a GPU); "
-            "pass --kv-cache-dtype auto or leave it out"),
+    Refusal("kv_cache_dtype", lambda v: str(v).lower() == "fp8_e5m2",
+            "--kv-cache-dtype {value}: osserve's FP8 KV cache is e4m3 with a power-of-two scale per token and kv "
+            "head, a mantissa bit more precise than e5m2 and never out of range: pass --kv-cache-dtype fp8 (or "
+            "fp8_e4m3)"),
+    Refusal("kv_cache_dtype", lambda v: v is not None and str(v).lower() not in KV_CACHE_DTYPES + ("fp8_e5m2",),
+            "--kv-cache-dtype {value}: osserve stores the KV cache in the model's dtype (auto; bfloat16) or in FP8 "
+            "e4m3 with scales (fp8, fp8_e4m3)"),
     Refusal("compilation_config", lambda v: v is not None,
             "--compilation-config / -O / -cc ({value}): osserve uses no torch.compile; its decode steps run as "
             "CUDA graphs already (up to --max-cudagraph-capture-size; --enforce-eager turns them off)"),

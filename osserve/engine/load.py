@@ -39,8 +39,10 @@ from osserve.model.checkpoint import fill_random_weights
 from osserve.model.gpt_oss import GptOssForCausalLM, KVCache
 from osserve.model.resolve import resolve_model
 from osserve.model.weights import build_model, load_weights
+from osserve.ops.attention.fp8_triton import MIN_CAPABILITY as FP8_MIN_CAPABILITY
+from osserve.ops.attention.kv_format import FP8_DTYPE
 from osserve.ops.moe import swapped
-from osserve.ops.policy import detect, use_policy
+from osserve.ops.policy import KernelPolicy, detect, use_policy
 from osserve.speculative.config import SpeculativeConfig, resolve_speculative
 from osserve.speculative.setup import capture_speculative_graphs, draft_for, draft_kv_bytes, make_decoder
 from osserve.tokenizer import load_tokenizer
@@ -85,7 +87,8 @@ class EngineArgs:
     nccl_port: int | None = None  # the ranks' rendezvous port on 127.0.0.1; None: a free one
     distributed_backend: str | None = None  # None: NCCL on GPUs, gloo on the CPU (gloo on a GPU: tests)
     tp_one_device: bool = False  # every rank on the first GPU (tests of the sharded shapes on one GPU)
-    # Parsed, refused when not None / "auto" until built (osserve/unsupported.py).
+    # The KV cache's: "auto" (the model's dtype), "bfloat16", or "fp8" / "fp8_e4m3" (e4m3 with a scale per
+    # token and kv head, ops/attention/kv_format.py); others are refused (osserve/unsupported.py).
     kv_cache_dtype: str = "auto"
     portable_kernels: bool = False  # the portable Triton kernels on any GPU (ops/policy.py)
     # speculative/config.py: vLLM's JSON (a dict from LLM(...)), or SGLang's flags
@@ -146,6 +149,14 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
     if name == "auto":
         return torch.bfloat16 if device.type == "cuda" else torch.float32
     return {"bfloat16": torch.bfloat16, "float32": torch.float32}[name]
+
+
+def resolve_kv_dtype(name: str, dtype: torch.dtype) -> torch.dtype:
+    """--kv-cache-dtype (one of unsupported.KV_CACHE_DTYPES) -> the cache's dtype; dtype: the model's."""
+    name = name.lower()
+    if name == "auto":
+        return dtype
+    return FP8_DTYPE if name.startswith("fp8") else torch.bfloat16
 
 
 def build_engine(args: EngineArgs) -> LLMEngine:
@@ -220,17 +231,19 @@ def build_rank(args: EngineArgs, cfg: ModelConfig, model_dir: Path | None, devic
     0 in build_engine, the others in distributed/worker.py): the collectives inside it (the KV
     plan's agreement, the graphs' warm-up and capture) meet in the same order on every rank."""
     dtype = resolve_dtype(args.dtype, device)
+    kv_dtype = resolve_kv_dtype(args.kv_cache_dtype, dtype)
     rank0 = layout is None or layout.rank == 0
     # Which kernels run (ops/policy.py): decided once, here; the runner enters it around every call.
     policy = detect(device, forced=args.portable_kernels)
     if policy.refusal is not None:
         raise ConfigError(policy.refusal, "device")
+    refuse_fp8_kv_where_unsupported(kv_dtype, policy, args.kv_cache_dtype)
     cache = cache_config(args)
     sched = scheduler_config(args, cfg, device, cache, dtype, layout.size if layout is not None else 1)
     gpu_budget = device.type == "cuda" and cache.kv_cache_gb is None and cache.num_blocks is None
     if gpu_budget and layout is None:  # before a byte is allocated: a model that cannot fit is refused in one line
         label = args.model or (f"gpt-oss-{args.preset} (dummy weights)" if model_dir is None else "the built-in model")
-        refuse_if_too_small(label, cfg, cache, sched, dtype, device_memory(device))
+        refuse_if_too_small(label, cfg, cache, sched, dtype, device_memory(device), kv_dtype)
     model = build_model(cfg, device, dtype, layout)
     if model_dir is None:
         fill_random_weights(model, cfg, args.seed)
@@ -274,13 +287,15 @@ def build_rank(args: EngineArgs, cfg: ModelConfig, model_dir: Path | None, devic
     budget = kv_budget_bytes(cache, device, sched)
     local = layout.local_config(cfg) if layout is not None else cfg  # this rank's kv heads
     if gpu_budget:
-        refuse_small_kv_budget(budget, local, cache, sched, dtype)
-    plan = plan_kv_cache(local, cache, sched, budget, dtype, draft_kv_bytes(draft, cache.block_size, dtype))
+        refuse_small_kv_budget(budget, local, cache, sched, kv_dtype)
+    # The EAGLE3 draft's own cache stays in the model's dtype (speculative/setup.py).
+    plan = plan_kv_cache(local, cache, sched, budget, kv_dtype, draft_kv_bytes(draft, cache.block_size, dtype),
+                         share_dtype=dtype)
     if group is not None:  # one scheduler hands out blocks for every rank: the smallest pool
         names = list(plan.num_blocks)
         plan = replace(plan, num_blocks=dict(zip(names, group.min_over_ranks([plan.num_blocks[g] for g in names]),
                                                  strict=True)))
-    kv_tensors = allocate_kv_caches(local, plan, dtype, device)
+    kv_tensors = allocate_kv_caches(local, plan, kv_dtype, device)
     runner = make_runner(model, kv_tensors, plan.block_size, device)
     runner.policy = policy  # the kernels this engine was planned for (the flag, the device)
     decoder = None if spec is None else make_decoder(spec, cfg, draft, plan, runner, dtype, sched.max_model_len)
@@ -298,11 +313,11 @@ def build_rank(args: EngineArgs, cfg: ModelConfig, model_dir: Path | None, devic
         graphs_bytes = torch.cuda.memory_reserved(device) - before
     log.info(
         "memory plan%s: weights %.2f GiB (%.2f GiB in use after loading), KV cache %.2f GiB (%s blocks of %d "
-        "tokens: %d full-attention tokens), CUDA graphs + activations %.2f GiB, workspace kept free %.2f GiB; "
+        "tokens: %d full-attention tokens, %s), CUDA graphs + activations %.2f GiB, workspace kept free %.2f GiB; "
         "dtype %s, %s; %s",
         f" of rank {layout.rank} of {layout.size}" if layout is not None else "",
         weights_bytes / GiB, in_use / GiB, plan.total_bytes / GiB, plan.num_blocks, plan.block_size,
-        plan.max_tokens_per_request(), graphs_bytes / GiB,
+        plan.max_tokens_per_request(), kv_description(kv_dtype), graphs_bytes / GiB,
         workspace_bytes(sched.max_num_batched_tokens) / GiB if device.type == "cuda" else 0.0, dtype, device,
         policy.describe(),
     )
@@ -315,6 +330,24 @@ def build_rank(args: EngineArgs, cfg: ModelConfig, model_dir: Path | None, devic
                  "requests", spec.method, spec.num_speculative_tokens, spec.topk, spec.num_draft_tokens,
                  spec.disable_by_batch_size)
     return RankParts(runner, plan, sched, cache, decoder)
+
+
+def refuse_fp8_kv_where_unsupported(kv_dtype: torch.dtype, policy: KernelPolicy, flag: str) -> None:
+    """ConfigError where an FP8 cache cannot run: the kernels' e4m3 conversions need an NVIDIA GPU of
+    compute capability 8.9 or later (ops/attention/fp8_triton.py); the CPU's reference path takes it."""
+    if kv_dtype != FP8_DTYPE or policy.capability is None:
+        return
+    if torch.version.hip is not None or policy.capability < FP8_MIN_CAPABILITY:
+        sm = "sm_{}{}".format(*policy.capability)
+        raise ConfigError(f"--kv-cache-dtype {flag} needs an NVIDIA GPU of compute capability 8.9 or later (L4, "
+                          f"L40S, RTX 40xx, H100, H200, B200) for its e4m3 conversions; this one is {sm}: use "
+                          f"--kv-cache-dtype auto", "kv_cache_dtype")
+
+
+def kv_description(kv_dtype: torch.dtype) -> str:
+    if kv_dtype == FP8_DTYPE:
+        return "fp8 e4m3, a scale per token and kv head"
+    return str(kv_dtype).removeprefix("torch.")
 
 
 def scheduler_config(args: EngineArgs, cfg: ModelConfig, device: torch.device, cache: CacheConfig,

@@ -138,10 +138,10 @@ def default_batched_tokens(cfg: ModelConfig, cache: CacheConfig, dtype: torch.dt
     return LARGE_BATCHED_TOKENS if extra <= LARGE_BUDGET_KV_SHARE * kv else BATCHED_TOKENS
 
 
-def minimum_kv_bytes(cfg: ModelConfig, cache: CacheConfig, sched: SchedulerConfig, dtype: torch.dtype) -> int:
+def minimum_kv_bytes(cfg: ModelConfig, cache: CacheConfig, sched: SchedulerConfig, kv_dtype: torch.dtype) -> int:
     """The smallest useful cache: every running sequence's sliding window, and one request of
-    max_model_len tokens in the full-attention layers."""
-    per_block = bytes_per_block(cfg, cache.block_size, dtype)
+    max_model_len tokens in the full-attention layers (kv_dtype: the cache's, --kv-cache-dtype)."""
+    per_block = bytes_per_block(cfg, cache.block_size, kv_dtype)
     need = math.ceil(sched.max_model_len / cache.block_size) * per_block.get(FULL_GROUP, 0)
     if len(per_block) > 1 or FULL_GROUP not in per_block:
         sliding = next(g for g in per_block if g != FULL_GROUP)
@@ -150,12 +150,13 @@ def minimum_kv_bytes(cfg: ModelConfig, cache: CacheConfig, sched: SchedulerConfi
 
 
 def refuse_if_too_small(model: str, cfg: ModelConfig, cache: CacheConfig, sched: SchedulerConfig,
-                        dtype: torch.dtype, device: DeviceMemory) -> None:
+                        dtype: torch.dtype, device: DeviceMemory, kv_dtype: torch.dtype | None = None) -> None:
     """ConfigError, one line, where the weights, the workspace and the smallest useful KV cache do
-    not fit what --gpu-memory-utilization leaves of the card (before anything is allocated)."""
+    not fit what --gpu-memory-utilization leaves of the card (before anything is allocated).
+    dtype: the weights'; kv_dtype: the cache's (default the same)."""
     weights = resident_weights(cfg, dtype, device.total)
     workspace = workspace_bytes(sched.max_num_batched_tokens)
-    kv = minimum_kv_bytes(cfg, cache, sched, dtype)
+    kv = minimum_kv_bytes(cfg, cache, sched, kv_dtype or dtype)
     needed = weights + workspace + kv
     available = int(device.total * cache.gpu_memory_utilization) - device.in_use
     if needed <= available:
@@ -172,10 +173,10 @@ def refuse_if_too_small(model: str, cfg: ModelConfig, cache: CacheConfig, sched:
 
 
 def refuse_small_kv_budget(budget: int, cfg: ModelConfig, cache: CacheConfig, sched: SchedulerConfig,
-                           dtype: torch.dtype) -> None:
+                           kv_dtype: torch.dtype) -> None:
     """ConfigError, one line, where the KV budget measured after loading cannot hold the smallest
     useful cache (minimum_kv_bytes): refuse_if_too_small's check with the driver's own figures."""
-    need = minimum_kv_bytes(cfg, cache, sched, dtype)
+    need = minimum_kv_bytes(cfg, cache, sched, kv_dtype)
     if budget >= need:
         return
     raise ConfigError(
@@ -196,10 +197,11 @@ def capacity(plan: KVPlan, max_model_len: int) -> str:
 
 
 def plan_for_card(cfg: ModelConfig, cache: CacheConfig, sched: SchedulerConfig, dtype: torch.dtype,
-                  device: DeviceMemory) -> tuple[int, KVPlan]:
+                  device: DeviceMemory, kv_dtype: torch.dtype | None = None) -> tuple[int, KVPlan]:
     """(resident weights, KV plan) on a card of device.total bytes, as load.py would make them: the
-    budget read after the weights are resident (with device.in_use already taken before)."""
+    budget read after the weights are resident (with device.in_use already taken before). dtype:
+    the weights'; kv_dtype: the cache's (default the same; FP8 holds 1.97x the tokens)."""
     weights = resident_weights(cfg, dtype, device.total)
     budget = kv_budget(device, device.in_use + weights, cache.gpu_memory_utilization,
                        workspace_bytes(sched.max_num_batched_tokens))
-    return weights, plan_kv_cache(cfg, cache, sched, budget, dtype)
+    return weights, plan_kv_cache(cfg, cache, sched, budget, kv_dtype or dtype, share_dtype=dtype)

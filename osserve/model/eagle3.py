@@ -267,11 +267,9 @@ class Eagle3Draft(nn.Module):
         residual = normed_hidden if cfg.norm_before_residual else hidden
         x = torch.cat([embeds, normed_hidden.to(embeds.dtype)], dim=-1)
         attn = layer.self_attn
-        k_cache, v_cache = kv_cache
         q = qkv_rope_and_cache(x, self.qkv_weight, self.qkv_bias, cfg.num_attention_heads, cfg.num_key_value_heads,
-                               positions, self.rope, k_cache, v_cache, meta.groups[FULL_GROUP].slot_mapping)
-        out = paged_attention(q, k_cache, v_cache, self.sinks, meta, meta.groups[FULL_GROUP],
-                              cfg.head_dim ** -0.5, None)
+                               positions, self.rope, kv_cache, meta.groups[FULL_GROUP].slot_mapping)
+        out = paged_attention(q, kv_cache, self.sinks, meta, meta.groups[FULL_GROUP], cfg.head_dim ** -0.5, None)
         a = linear(out.reshape(t, cfg.q_size), attn.o_proj.weight, attn.o_proj.bias)
         x, residual = add_rms_norm(a, residual.to(a.dtype), layer.post_attention_layernorm.weight, eps)
         gate, up = linear(x, self.gate_up_weight).chunk(2, dim=-1)

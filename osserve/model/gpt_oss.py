@@ -4,9 +4,9 @@ Module and parameter names mirror Hugging Face's checkpoint (`model.layers.N.sel
 `model.layers.N.mlp.experts.gate_up_proj_blocks`, ...), so loading is a name-for-name copy.
 
 The forward takes a flat batch: T tokens from several sequences, their positions, the batch's
-AttentionMetadata and one (k_cache, v_cache) pair per layer. Prefill, chunked prefill and decode
-are all this one call; the runner decides what goes in (see engine/worker/runner.py). Compilation and
-CUDA graphs are applied by the runner, not here.
+AttentionMetadata and one KVCache per layer (k and v; an FP8 cache's scales too). Prefill, chunked
+prefill and decode are all this one call; the runner decides what goes in (see
+engine/worker/runner.py). Compilation and CUDA graphs are applied by the runner, not here.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from torch import nn
 from osserve.config import ModelConfig
 from osserve.distributed.expert_routing import own_share
 from osserve.ops.attention.dispatch import paged_attention
+from osserve.ops.attention.kv_format import KVCache
 from osserve.ops.attention.metadata import AttentionMetadata
 from osserve.ops.dispatch import use_triton
 from osserve.ops.linear.dispatch import linear
@@ -38,8 +39,6 @@ if TYPE_CHECKING:
 
 SLIDING_GROUP = "sliding"
 FULL_GROUP = "full"
-
-KVCache = tuple[torch.Tensor, torch.Tensor]  # k, v: [num_blocks, block_size, kv_heads, head_dim]
 
 
 class RMSNorm(nn.Module):
@@ -88,20 +87,17 @@ class Attention(nn.Module):
     ) -> torch.Tensor:
         t = x.shape[0]
         tables = meta.groups[self.group]
-        k_cache, v_cache = kv_cache
         if self.qkv_weight is not None:  # at decode sizes one kernel: projection, RoPE, cache write
             assert self.qkv_bias is not None
             q = qkv_rope_and_cache(x, self.qkv_weight, self.qkv_bias, self.num_heads, self.num_kv_heads,
-                                   positions, rope, k_cache, v_cache, tables.slot_mapping)
+                                   positions, rope, kv_cache, tables.slot_mapping)
         else:
             q, k, v = (linear(x, p.weight, p.bias) for p in (self.q_proj, self.k_proj, self.v_proj))
             q, _ = rope_and_cache_table(q.view(t, self.num_heads, self.head_dim),
                                         k.view(t, self.num_kv_heads, self.head_dim),
                                         v.view(t, self.num_kv_heads, self.head_dim),
-                                        positions, rope, k_cache, v_cache, tables.slot_mapping)
-        out = paged_attention(
-            q, k_cache, v_cache, self.sinks, meta, tables, self.scale, self.window
-        )
+                                        positions, rope, kv_cache, tables.slot_mapping)
+        out = paged_attention(q, kv_cache, self.sinks, meta, tables, self.scale, self.window)
         # Unreduced where the kernel splits K: the next add_rms_norm sums the partials.
         return linear(out.reshape(t, self.num_heads * self.head_dim), self.o_proj.weight, self.o_proj.bias,
                       reduce=not self.partial_output)

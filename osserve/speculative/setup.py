@@ -74,9 +74,10 @@ def make_decoder(spec: SpeculativeConfig, cfg: ModelConfig, draft: Eagle3Draft |
     else:
         if FULL_GROUP not in plan.num_blocks:
             raise ConfigError("EAGLE3 drafts need a model with full-attention layers", "speculative_config")
-        shape = (plan.num_blocks[FULL_GROUP], plan.block_size, draft.config.num_key_value_heads, draft.config.head_dim)
-        kv: KVCache = (torch.zeros(shape, dtype=dtype, device=runner.device),
-                       torch.zeros(shape, dtype=dtype, device=runner.device))
+        # In the model's dtype even beside an FP8 cache (--kv-cache-dtype fp8): one layer's worth, and
+        # its attention stays the plain path.
+        kv = KVCache.allocate(plan.num_blocks[FULL_GROUP], plan.block_size, draft.config.num_key_value_heads,
+                              draft.config.head_dim, dtype, runner.device)
         runner.extra_caches[FULL_GROUP] = [kv]
         proposer = Eagle3Proposer(draft, kv, plan.block_size, spec, runner.device)
     return SpeculativeDecoder(spec, proposer, cfg.vocab_size, max_model_len)

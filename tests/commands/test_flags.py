@@ -136,8 +136,9 @@ def test_recipe_config_files(tmp_path: Path) -> None:
     line = f"vllm serve openai/gpt-oss-120b --config {tmp_path}/%s --tensor-parallel-size 1"
     assert has(settled(line % "GPT-OSS_Hopper.yaml"), model="openai/gpt-oss-120b", no_prefix_caching=True,
                max_cudagraph_capture_size=2048, max_num_batched_tokens=8192, stream_interval=20)
-    assert refused(line % "GPT-OSS_Blackwell.yaml") == [
-        "--kv-cache-dtype fp8 is not supported yet; osserve stores the KV cache in bf16 (--kv-cache-dtype auto)"]
+    assert refused(line % "GPT-OSS_Blackwell.yaml") == []  # --kv-cache-dtype fp8: e4m3 with scales
+    assert has(settled(line % "GPT-OSS_Blackwell.yaml"), kv_cache_dtype="fp8", no_prefix_caching=True,
+               max_num_batched_tokens=8192)
     eagle = settled(line % "GPT-OSS_EAGLE3_Hopper.yaml")
     assert json.loads(eagle.speculative_config) == {"model": "nvidia/gpt-oss-120b-Eagle3-v2",
                                                      "num_speculative_tokens": 3, "method": "eagle3",
@@ -245,17 +246,21 @@ def test_generate_and_bench_take_a_model_id_too() -> None:
 
 
 def test_a_refusal_is_one_line_and_exit_1(capsys: pytest.CaptureFixture[str]) -> None:
-    assert cli.main(["serve", "openai/gpt-oss-120b", "--kv-cache-dtype", "fp8"]) == 1
+    assert cli.main(["serve", "openai/gpt-oss-120b", "--kv-cache-dtype", "fp8_e5m2"]) == 1
     err = capsys.readouterr().err
-    assert err == ("osserve: error: --kv-cache-dtype fp8 is not supported yet; osserve stores the KV cache in bf16 "
-                   "(--kv-cache-dtype auto)\n")
+    assert err == ("osserve: error: --kv-cache-dtype fp8_e5m2: osserve's FP8 KV cache is e4m3 with a power-of-two "
+                   "scale per token and kv head, a mantissa bit more precise than e5m2 and never out of range: pass "
+                   "--kv-cache-dtype fp8 (or fp8_e4m3)\n")
 
 
 def test_the_offline_llm_refuses_through_the_same_table() -> None:
     with pytest.raises(ConfigError, match="--tensor-parallel-size 3 must divide the model's 8 attention heads"):
         build_engine(EngineArgs(load_format="dummy", preset="tiny", device="cpu", tensor_parallel_size=3))
-    with pytest.raises(ConfigError, match="--kv-cache-dtype fp8_e4m3 is not supported yet"):
-        build_engine(EngineArgs(kv_cache_dtype="fp8_e4m3"))
+    with pytest.raises(ConfigError, match="--kv-cache-dtype fp8_e5m2: osserve's FP8 KV cache is e4m3"):
+        build_engine(EngineArgs(kv_cache_dtype="fp8_e5m2"))
+    with pytest.raises(ConfigError, match=r"--kv-cache-dtype fp8_inc: osserve stores the KV cache in the model's "
+                                          r"dtype \(auto; bfloat16\) or in FP8 e4m3 with scales \(fp8, fp8_e4m3\)"):
+        build_engine(EngineArgs(kv_cache_dtype="fp8_inc"))
 
 
 def test_version_and_grouped_help(capsys: pytest.CaptureFixture[str]) -> None:

@@ -15,6 +15,7 @@ from osserve.demo.trainable import trainable_from_compact
 from osserve.demo.weights import DEMO_DRAFT, DEMO_WEIGHTS
 from osserve.model.eagle3_weights import load_draft
 from osserve.model.gpt_oss import FULL_GROUP
+from osserve.ops.attention.kv_format import KVCache
 from osserve.ops.attention.metadata import AttentionMetadata, BlockTables
 
 # The shipped draft's mean acceptance length on 16 held-out prompts (python -m osserve.demo.draft_eval
@@ -47,7 +48,7 @@ def test_the_trainer_computes_what_the_served_draft_computes(tmp_path: Path) -> 
     tokens = torch.tensor(target.vocab)[ex.ids[1:]]  # row p holds the token at p + 1
     table = torch.arange((n + 15) // 16, dtype=torch.int32)[None]
     pos = torch.arange(n - 1)
-    kv = (torch.zeros(table.shape[1], 16, 2, 64), torch.zeros(table.shape[1], 16, 2, 64))
+    kv = KVCache(torch.zeros(table.shape[1], 16, 2, 64), torch.zeros(table.shape[1], 16, 2, 64))
     meta = AttentionMetadata(torch.tensor([0, n - 1], dtype=torch.int32), torch.tensor([n - 1], dtype=torch.int32),
                              [n - 1], [n - 1], {FULL_GROUP: BlockTables(table, pos)})
     with torch.no_grad():

@@ -27,7 +27,9 @@ from osserve.engine.memory import (
     simulated_gpu_bytes,
     workspace_bytes,
 )
+from osserve.engine.worker.kv_tensors import allocate_kv_caches, plan_kv_cache
 from osserve.errors import ConfigError
+from osserve.ops.attention.kv_format import FP8_DTYPE
 
 BF16 = torch.bfloat16
 CONTEXT = GiB // 2  # a CUDA context and its modules before the model, about what PyTorch takes
@@ -126,3 +128,40 @@ def test_a_smaller_card_is_read_from_the_environment(monkeypatch: pytest.MonkeyP
     monkeypatch.setenv(SIMULATED_GPU_ENV, "24GB")
     with pytest.raises(ConfigError, match="expected GiB"):
         simulated_gpu_bytes()
+
+
+H200 = DeviceMemory("NVIDIA H200", int(139.8 * GiB), CONTEXT)
+
+
+@pytest.mark.parametrize("name", ["20b", "120b"])
+@pytest.mark.parametrize("card,utilization", [(H100, 0.97), (H100, 0.90), (H200, 0.95)])
+def test_an_fp8_cache_holds_1_9x_the_tokens_of_bf16_in_the_same_budget(name: str, card: DeviceMemory,
+                                                                       utilization: float) -> None:
+    """--kv-cache-dtype fp8: e4m3 codes and a scale byte per 64 (ops/attention/kv_format.py), in the
+    budget bf16 gets: its full-attention tokens at least 1.9x bf16's (1.97x, and more: the sliding
+    group keeps the blocks bf16 gave it, in half the bytes, and the rest goes to the full layers),
+    and neither plan above the budget."""
+    cfg, cache = preset(name), CacheConfig(gpu_memory_utilization=utilization)
+    _, bf16 = plan_for_card(cfg, cache, SERVE, BF16, card)
+    _, fp8 = plan_for_card(cfg, cache, SERVE, BF16, card, kv_dtype=FP8_DTYPE)
+    assert fp8.max_tokens_per_request() >= 1.9 * bf16.max_tokens_per_request()
+    budget = bf16.total_bytes + bf16.bytes_per_block["full"]  # the budget both were cut from, within a block
+    assert fp8.total_bytes <= budget
+    assert fp8.num_blocks["sliding"] == bf16.num_blocks["sliding"]
+
+
+def test_the_120b_on_an_h100_at_0_97_holds_380k_fp8_tokens() -> None:
+    """The issue's goal for the 120b's 1k/1k workload on one H100: a KV cache of >= 380k tokens."""
+    _, plan = plan_for_card(preset("120b"), CacheConfig(gpu_memory_utilization=0.97), SERVE, BF16, H100, FP8_DTYPE)
+    assert plan.max_tokens_per_request() >= 380_000
+
+
+def test_an_fp8_cache_allocates_what_its_plan_counted() -> None:
+    cfg = preset("tiny")
+    cache = CacheConfig(num_blocks=None)
+    plan = plan_kv_cache(cfg, cache, SchedulerConfig(max_num_seqs=4, max_model_len=512), 8 * 2**20, FP8_DTYPE)
+    caches = allocate_kv_caches(cfg, plan, FP8_DTYPE, torch.device("cpu"))
+    assert sum(t.numel() * t.element_size() for kv in caches for t in kv.tensors()) == plan.total_bytes
+    bf16 = plan_kv_cache(cfg, cache, SchedulerConfig(max_num_seqs=4, max_model_len=512), 8 * 2**20, BF16)
+    assert plan.max_tokens_per_request() >= 1.9 * bf16.max_tokens_per_request()
+    assert minimum_kv_bytes(cfg, cache, SERVE, FP8_DTYPE) < 0.52 * minimum_kv_bytes(cfg, cache, SERVE, BF16)

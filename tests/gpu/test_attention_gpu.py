@@ -94,6 +94,7 @@ def test_decode_cuda_graph_replays_at_new_lengths(window: int | None) -> None:
 
 def test_dispatch_through_metadata() -> None:
     from osserve.ops.attention.dispatch import paged_attention
+    from osserve.ops.attention.kv_format import KVCache
     from osserve.ops.attention.metadata import AttentionMetadata, BlockTables
 
     seqs = [(300, 300), (1000, 1), (50, 7)]
@@ -101,6 +102,6 @@ def test_dispatch_through_metadata() -> None:
     qsl, seq_lens = case.device_meta()
     meta = AttentionMetadata(qsl, seq_lens, [q for _, q in seqs], case.seq_lens,
                              {"sliding": BlockTables(case.block_tables, torch.empty(0))})
-    out = paged_attention(case.q, case.k_cache, case.v_cache, case.sinks, meta,
-                          meta.groups["sliding"], case.scale, WINDOW)
+    out = paged_attention(case.q, KVCache(case.k_cache, case.v_cache), case.sinks, meta, meta.groups["sliding"],
+                          case.scale, WINDOW)
     assert rel_err(out, reference(case)) < TOL

@@ -9,19 +9,18 @@ from osserve.ops.attention.metadata import AttentionMetadata, BlockTables
 
 
 class ContiguousCache:
-    def __init__(self, model: GptOssForCausalLM, num_seqs: int, max_len: int, block_size: int = 16) -> None:
+    def __init__(self, model: GptOssForCausalLM, num_seqs: int, max_len: int, block_size: int = 16,
+                 kv_dtype: torch.dtype | None = None) -> None:
+        """kv_dtype: the cache's (default the model's; torch.float8_e4m3fn: FP8 with scales)."""
         cfg = model.config
         self.block_size = block_size
         self.blocks_per_seq = -(-max_len // block_size)
         nb = num_seqs * self.blocks_per_seq
         param = next(model.parameters())
         self.device = param.device  # everything lives where the model does
-        shape = (nb, block_size, cfg.num_key_value_heads, cfg.head_dim)
-        self.kv: list[KVCache] = [
-            (torch.zeros(shape, dtype=param.dtype, device=self.device),
-             torch.zeros(shape, dtype=param.dtype, device=self.device))
-            for _ in range(cfg.num_hidden_layers)
-        ]
+        dtype = kv_dtype or param.dtype
+        self.kv: list[KVCache] = [KVCache.allocate(nb, block_size, cfg.num_key_value_heads, cfg.head_dim, dtype,
+                                                   self.device) for _ in range(cfg.num_hidden_layers)]
         self.lens = [0] * num_seqs
 
     def step(self, seq_ids: list[int], chunks: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:

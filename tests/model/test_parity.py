@@ -104,14 +104,14 @@ def test_greedy_decode_32_tokens_matches_transformers(model, hf_model, prompts) 
 
 # ---------------------------------------------------------------- mutation tests
 def _no_sink(orig: Callable) -> Callable:
-    def f(q, k_cache, v_cache, sinks, *a, **kw):  # type: ignore[no-untyped-def]
-        return orig(q, k_cache, v_cache, torch.full_like(sinks, float("-inf")), *a, **kw)
+    def f(q, cache, sinks, *a, **kw):  # type: ignore[no-untyped-def]
+        return orig(q, cache, torch.full_like(sinks, float("-inf")), *a, **kw)
     return f
 
 
 def _no_window(orig: Callable) -> Callable:
-    def f(q, k_cache, v_cache, sinks, meta, tables, scale, window):  # type: ignore[no-untyped-def]
-        return orig(q, k_cache, v_cache, sinks, meta, tables, scale, None)
+    def f(q, cache, sinks, meta, tables, scale, window):  # type: ignore[no-untyped-def]
+        return orig(q, cache, sinks, meta, tables, scale, None)
     return f
 
 

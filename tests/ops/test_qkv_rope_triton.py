@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from osserve.config import YarnRope
+from osserve.ops.attention.kv_format import KVCache
 from osserve.ops.rope.dispatch import qkv_rope_and_cache
 from osserve.ops.rope.qkv_rope_triton import fits_qkv_rope, qkv_rope_cache_triton
 from osserve.ops.rope.reference import RopeTable, rope_and_cache_table_reference
@@ -59,7 +60,7 @@ def test_dispatch_takes_the_unfused_path_on_cpu_and_where_it_does_not_fit() -> N
     kc_ref, vc_ref, kc, vc = cache.clone(), cache.clone(), cache.clone(), cache.clone()
     assert not fits_qkv_rope(x, w, 16)  # 8-row halves: below the MMA's 16
     assert not fits_qkv_rope(torch.zeros(33, 64), w, 32)  # above linear_triton.MAX_TOKENS
-    q = qkv_rope_and_cache(x, w, b, 2, 1, positions, table, kc, vc, slots)
+    q = qkv_rope_and_cache(x, w, b, 2, 1, positions, table, KVCache(kc, vc), slots)
     q_ref = unfused(x, w, b, 2, 1, 16, table, positions, slots, kc_ref, vc_ref)
     close(q, q_ref)
     assert torch.equal(kc, kc_ref) and torch.equal(vc, vc_ref)

@@ -17,6 +17,7 @@ from osserve.config import preset
 from osserve.errors import CheckpointError, ConfigError
 from osserve.model.eagle3 import Eagle3Config, default_aux_layers
 from osserve.model.eagle3_weights import draft_config_for, load_draft, random_draft, write_random_draft
+from osserve.ops.attention.kv_format import KVCache
 from osserve.ops.attention.metadata import AttentionMetadata, BlockTables
 
 TARGET = preset("tiny")
@@ -157,7 +158,7 @@ def test_paged_forward_computes_the_published_layer(specforge: Path) -> None:
     g = torch.Generator().manual_seed(2)
     tokens, aux = torch.randint(0, 1000, (n,), generator=g), torch.randn(n, 3 * 128, generator=g)
     logits, pre = dense_draft(tensors, tokens, aux, embedding)
-    kv = (torch.zeros(10, bs, 1, 64), torch.zeros(10, bs, 1, 64))
+    kv = KVCache(torch.zeros(10, bs, 1, 64), torch.zeros(10, bs, 1, 64))
     table = torch.tensor([[7, 2, 9, 0, 5, 1]], dtype=torch.int32)  # 6 blocks in shuffled order
     for lo, hi in ((0, 15), (15, n)):
         pos = torch.arange(lo, hi)

@@ -30,6 +30,7 @@ from osserve.errors import ConfigError
 from osserve.model.checkpoint import write_checkpoint
 from osserve.model.eagle3 import Eagle3Config
 from osserve.model.eagle3_weights import write_random_draft
+from osserve.speculative.eagle import Eagle3Proposer
 from osserve.speculative.oracle import AcceptanceOracle
 from tests.engine.test_engine import prompts, run
 
@@ -171,6 +172,23 @@ def test_rejected_drafts_never_reach_the_prefix_cache(narrow: Path, draft: Path)
     got = run(eng, [second], GREEDY)["r0"]
     assert eng.kv.stats.prefix_cache_hits - before >= 64  # blocks holding the first request's output
     assert got == run(reference, [second], GREEDY)["r0"]
+
+
+def test_a_tree_over_an_fp8_cache_equals_plain_fp8_decoding(narrow: Path, draft: Path) -> None:
+    """--kv-cache-dtype fp8 under the EAGLE3 tree: the verify step writes each node's e4m3 codes and
+    scales, the accepted nodes' KV moves to the positions after their root (runner.move_kv: codes and
+    scale bytes together), and the draft keeps its own one-layer cache in the model's dtype. A token's
+    scale is its own, so the outputs equal the plain FP8 run's token for token."""
+    plain_fp8 = run(engine(narrow, kv_cache_dtype="fp8"), workload(), GREEDY)
+    eng = with_oracle(engine(narrow, spec_configs(draft)["tree"], kv_cache_dtype="fp8"), plain_fp8)
+    moved: list[int] = []
+    move_kv = eng.runner.move_kv
+    eng.runner.move_kv = lambda moves: moved.append(len(moves)) or move_kv(moves)  # type: ignore[method-assign]
+    assert run(eng, workload(), GREEDY) == plain_fp8
+    assert sum(moved) > 0 and all(kv.fp8 for kv in eng.runner.kv_caches)
+    assert eng.spec is not None and eng.stats().spec_accepted_per_position[1] > 0  # type: ignore[index]
+    proposer = eng.spec.proposer
+    assert isinstance(proposer, Eagle3Proposer) and proposer.kv_cache.k.dtype == torch.float32  # the draft's
 
 
 @pytest.fixture(scope="module")

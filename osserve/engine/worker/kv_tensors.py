@@ -2,7 +2,8 @@
 
 Two layer groups (model/gpt_oss.py): sliding-window layers never need more than the last
 `sliding_window` tokens of a sequence, so their pool is sized for what the running sequences can
-hold at once, and everything else goes to the full-attention layers.
+hold at once, and everything else goes to the full-attention layers. `dtype` is the cache's
+(--kv-cache-dtype): the model's, or FP8 with its scale bytes (ops/attention/kv_format.py).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import torch
 
 from osserve.config import CacheConfig, ModelConfig, SchedulerConfig
 from osserve.model.gpt_oss import FULL_GROUP, SLIDING_GROUP, KVCache
+from osserve.ops.attention.kv_format import bytes_per_token
 
 
 @dataclass(frozen=True)
@@ -22,7 +24,7 @@ class KVPlan:
 
     block_size: int
     num_blocks: dict[str, int]
-    bytes_per_block: dict[str, int]  # over all layers of the group, k and v
+    bytes_per_block: dict[str, int]  # over all layers of the group, k and v (and FP8's scales)
 
     @property
     def total_bytes(self) -> int:
@@ -38,7 +40,7 @@ def layer_groups(cfg: ModelConfig) -> dict[str, list[int]]:
 
 
 def bytes_per_block(cfg: ModelConfig, block_size: int, dtype: torch.dtype) -> dict[str, int]:
-    per_layer = 2 * block_size * cfg.num_key_value_heads * cfg.head_dim * dtype.itemsize
+    per_layer = block_size * bytes_per_token(cfg.num_key_value_heads, cfg.head_dim, dtype)
     return {g: per_layer * len(layers) for g, layers in layer_groups(cfg).items()}
 
 
@@ -55,10 +57,13 @@ def sliding_blocks_needed(cfg: ModelConfig, cache: CacheConfig, sched: Scheduler
 
 def plan_kv_cache(
     cfg: ModelConfig, cache: CacheConfig, sched: SchedulerConfig, budget_bytes: int,
-    dtype: torch.dtype, extra_full_bytes: int = 0,
+    dtype: torch.dtype, extra_full_bytes: int = 0, share_dtype: torch.dtype | None = None,
 ) -> KVPlan:
     """Split `budget_bytes` between the groups (or use cache.num_blocks for both).
-    extra_full_bytes: per full-attention block, a cache beside the model's (the EAGLE3 draft's)."""
+    extra_full_bytes: per full-attention block, a cache beside the model's (the EAGLE3 draft's).
+    share_dtype: the dtype the sliding group's spare share is counted in (default the cache's): the
+    model's, so that an FP8 cache keeps the sliding blocks a bf16 one would have and gives the bytes
+    it saves there to the full-attention layers, where they hold more requests."""
     per_block = bytes_per_block(cfg, cache.block_size, dtype)
     if extra_full_bytes:
         per_block[FULL_GROUP] = per_block.get(FULL_GROUP, 0) + extra_full_bytes
@@ -71,7 +76,8 @@ def plan_kv_cache(
         # With prefix caching, spare sliding blocks keep cached windows alive: give the sliding
         # group at most a quarter of the budget, at least what the running sequences need.
         need = sliding_blocks_needed(cfg, cache, sched)
-        share = min(budget_bytes // 4 // per_block[SLIDING_GROUP], 4 * need)
+        share_block = bytes_per_block(cfg, cache.block_size, share_dtype or dtype)[SLIDING_GROUP]
+        share = min(budget_bytes // 4 // max(share_block, per_block[SLIDING_GROUP]), 4 * need)
         num_blocks[SLIDING_GROUP] = max(need, share) if FULL_GROUP in groups else (
             budget_bytes // per_block[SLIDING_GROUP])
         remaining -= num_blocks[SLIDING_GROUP] * per_block[SLIDING_GROUP]
@@ -85,11 +91,11 @@ def plan_kv_cache(
 def allocate_kv_caches(
     cfg: ModelConfig, plan: KVPlan, dtype: torch.dtype, device: torch.device
 ) -> list[KVCache]:
-    """One (k, v) pair per layer: [num_blocks of its group, block_size, kv_heads, head_dim]."""
+    """One KVCache per layer: k, v [num_blocks of its group, block_size, kv_heads, head_dim] (and
+    their scales, FP8)."""
     caches: list[KVCache] = []
     for layer in range(cfg.num_hidden_layers):
         group = SLIDING_GROUP if cfg.window_of(layer) is not None else FULL_GROUP
-        shape = (plan.num_blocks[group], plan.block_size, cfg.num_key_value_heads, cfg.head_dim)
-        caches.append((torch.zeros(shape, dtype=dtype, device=device),
-                       torch.zeros(shape, dtype=dtype, device=device)))
+        caches.append(KVCache.allocate(plan.num_blocks[group], plan.block_size, cfg.num_key_value_heads,
+                                       cfg.head_dim, dtype, device))
     return caches

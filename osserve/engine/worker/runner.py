@@ -166,14 +166,15 @@ class ModelRunner:
         input_ids.index_copy_(0, index[0], prev_tokens[index[1]].to(input_ids.dtype))
 
     def copy_blocks(self, copies: list[BlockCopy]) -> None:
-        """Each copy's source block into its destination, k and v, in every layer of its group."""
+        """Each copy's source block into its destination, k and v (FP8: codes and scales), in every
+        layer of its group."""
         for group, layers in layer_groups(self.model.config).items():
             pairs = [(c.src, c.dst) for c in copies if c.group == group]
             if not pairs:
                 continue
             src, dst = self._to_device(np.asarray(pairs, dtype=np.int64).T.copy())
             for kv in [self.kv_caches[layer] for layer in layers] + self.extra_caches.get(group, []):
-                for cache in kv:
+                for cache in kv.tensors():
                     cache.index_copy_(0, dst, cache.index_select(0, src))
 
     @torch.inference_mode()
@@ -255,8 +256,8 @@ class ModelRunner:
         return StepLogits(self.model.compute_logits(hidden[inp.sample_rows]), None, aux_hidden=aux, hidden=hidden)
 
     def move_kv(self, moves: list[tuple[dict[str, list[int]], int, int]]) -> None:
-        """KV of (block tables, from position, to position), in every layer: a draft tree's accepted
-        nodes to the positions after their root (speculative decoding)."""
+        """KV of (block tables, from position, to position), in every layer (FP8: codes and scales):
+        a draft tree's accepted nodes to the positions after their root (speculative decoding)."""
         if not moves:
             return
         for group, layers in layer_groups(self.model.config).items():
@@ -265,7 +266,7 @@ class ModelRunner:
             dst = [t[group][b // bs] * bs + b % bs for t, _, b in moves]
             index = self._to_device(np.asarray([src, dst], dtype=np.int64))
             for layer in layers:
-                for cache in self.kv_caches[layer]:
+                for cache in self.kv_caches[layer].tensors():
                     flat = cache.view(-1, *cache.shape[2:])
                     flat.index_copy_(0, index[1], flat.index_select(0, index[0]))
 

@@ -13,7 +13,7 @@ The reduce kernel merges them and adds the sink exactly once:
   out = sum_s acc_s exp2(m_s - M) / L
 Empty splits (m_s = -1e30, l_s = 0, acc_s = 0) get weight exp2(-1e30 - M) = 0.
 With NUM_SPLITS == 1 the kernel seeds its state with the sink (m = sink, l = 1) and writes the
-output itself; no reduce launch.
+output itself; no reduce launch. An FP8 cache is read as paged_triton.py says.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ import torch
 import triton
 import triton.language as tl
 
+from osserve.ops.attention.fp8_triton import scale_args, scale_value
 from osserve.ops.pdl import pdl_enter, pdl_launch, prefetch_before_wait, prefetch_l2
 
 LOG2E = 1.4426950408889634
@@ -39,11 +40,13 @@ def interpreting() -> bool:
 @triton.jit(do_not_specialize=["window", "stride_bt"])  # per-step sizes: no recompiles (attention/paged_triton.py)
 def _decode_kernel(
     q_ptr, k_ptr, v_ptr, o_ptr, sinks_ptr, qsl_ptr, seq_lens_ptr, bt_ptr,
+    ks_ptr, vs_ptr,  # FP8: [num_blocks, block_size, kv_heads] scale bytes (else unused)
     part_acc_ptr,  # [B, H, NUM_SPLITS, D] fp32 (only with NUM_SPLITS > 1)
     part_m_ptr, part_l_ptr,  # [B, H, NUM_SPLITS] fp32
     scale_log2e, window,
     stride_qt, stride_qh, stride_ot, stride_oh,
     stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh, stride_bt,
+    stride_sb, stride_ss, stride_sh,
     NUM_HEADS: tl.constexpr,
     GROUP: tl.constexpr,
     GROUP_P: tl.constexpr,  # GROUP padded to a power of two >= 16 (tl.dot's minimum M)
@@ -54,6 +57,7 @@ def _decode_kernel(
     NUM_SPLITS: tl.constexpr,
     PDL: tl.constexpr,
     PREFETCH: tl.constexpr,
+    FP8: tl.constexpr,  # an FP8 cache (attention/kv_format.py): scales fold into the scores' and p's columns
 ):
     b = tl.program_id(0)
     kvh = tl.program_id(1)
@@ -112,7 +116,12 @@ def _decode_kernel(
         in_blk = k_pos % BLOCK_SIZE
         k_rows = blk * stride_kb + in_blk * stride_ks + kvh * stride_kh
         k = tl.load(k_ptr + k_rows[:, None] + offs_d[None, :], mask=k_ok[:, None], other=0.0)
-        qk = tl.dot(q, tl.trans(k)) * scale_log2e  # [GROUP_P, N]
+        if FP8:
+            s_rows = blk * stride_sb + in_blk * stride_ss + kvh * stride_sh
+            k_scale = scale_value(tl.load(ks_ptr + s_rows, mask=k_ok, other=0))
+            qk = tl.dot(q, tl.trans(k.to(q.dtype))) * (k_scale * scale_log2e)[None, :]  # [GROUP_P, N]
+        else:
+            qk = tl.dot(q, tl.trans(k)) * scale_log2e  # [GROUP_P, N]
         qk = tl.where(k_ok[None, :], qk, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(qk, 1))
         alpha = tl.exp2(m_i - m_new)
@@ -120,7 +129,11 @@ def _decode_kernel(
         l_i = l_i * alpha + tl.sum(p, 1)
         v_rows = blk * stride_vb + in_blk * stride_vs + kvh * stride_vh
         v = tl.load(v_ptr + v_rows[:, None] + offs_d[None, :], mask=k_ok[:, None], other=0.0)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+        if FP8:
+            v_scale = scale_value(tl.load(vs_ptr + s_rows, mask=k_ok, other=0))
+            acc = acc * alpha[:, None] + tl.dot((p * v_scale[None, :]).to(q.dtype), v.to(q.dtype))
+        else:
+            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
         m_i = m_new
 
     if NUM_SPLITS > 1:
@@ -185,8 +198,10 @@ def paged_decode_triton(
     query_start_loc: torch.Tensor, seq_lens: torch.Tensor, block_tables: torch.Tensor,
     scale: float, window: int | None, max_seq_len: int, out: torch.Tensor,
     num_splits: int | None = None, block_n: int | None = None,
+    k_scales: torch.Tensor | None = None, v_scales: torch.Tensor | None = None,
 ) -> None:
-    """Decode: q [T, H, D] with one row per sequence that has a query (rows via query_start_loc)."""
+    """Decode: q [T, H, D] with one row per sequence that has a query (rows via query_start_loc).
+    k_scales / v_scales: an FP8 cache's scales (attention/kv_format.py)."""
     num_seqs = seq_lens.shape[0]
     num_heads, head_dim = q.shape[1], q.shape[2]
     block_size, kv_heads = k_cache.shape[1], k_cache.shape[2]
@@ -205,15 +220,17 @@ def paged_decode_triton(
         part_l = torch.empty_like(part_m)
     else:  # unused by the kernel; any fp32 pointer will do
         part_acc = part_m = part_l = out
+    ks, vs, scale_strides = scale_args(k_scales, v_scales, seq_lens)
     _decode_kernel[(num_seqs, kv_heads, num_splits)](
-        q, k_cache, v_cache, out, sinks, query_start_loc, seq_lens, block_tables,
+        q, k_cache, v_cache, out, sinks, query_start_loc, seq_lens, block_tables, ks, vs,
         part_acc, part_m, part_l, scale * LOG2E, window or 0,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), block_tables.stride(0),
+        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), block_tables.stride(0), *scale_strides,
         NUM_HEADS=num_heads, GROUP=group, GROUP_P=max(16, triton.next_power_of_2(group)),
         BLOCK_N=block_n, HEAD_DIM=head_dim, BLOCK_SIZE=block_size, HAS_WINDOW=window is not None,
-        NUM_SPLITS=num_splits, PDL=pdl, PREFETCH=prefetch_before_wait(q.device), num_warps=4, num_stages=2,
+        NUM_SPLITS=num_splits, PDL=pdl, PREFETCH=prefetch_before_wait(q.device), FP8=k_scales is not None,
+        num_warps=4, num_stages=2,
         launch_pdl=pdl,
     )
     if num_splits > 1:

@@ -5,28 +5,26 @@ from __future__ import annotations
 
 import torch
 
+from osserve.ops.attention.kv_format import KVCache
 from osserve.ops.attention.metadata import AttentionMetadata, BlockTables
 from osserve.ops.attention.reference import paged_attention_reference, write_kv_reference
 from osserve.ops.dispatch import use_triton
 
 
-def write_kv(
-    k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-    slot_mapping: torch.Tensor,
-) -> None:
-    """Dispatch: the Triton kernel on CUDA, the reference elsewhere."""
-    if use_triton(k_cache) and k_cache.is_contiguous() and v_cache.is_contiguous():
+def write_kv(k: torch.Tensor, v: torch.Tensor, cache: KVCache, slot_mapping: torch.Tensor) -> None:
+    """Dispatch: the Triton kernel on CUDA, the reference elsewhere (quantising into an FP8 cache)."""
+    if use_triton(cache.k) and cache.k.is_contiguous() and cache.v.is_contiguous():
         from osserve.ops.attention.paged_triton import write_kv_triton
 
-        write_kv_triton(k.contiguous(), v.contiguous(), k_cache, v_cache, slot_mapping)
+        write_kv_triton(k.contiguous(), v.contiguous(), cache.k, cache.v, slot_mapping, cache.k_scales,
+                        cache.v_scales)
         return
-    write_kv_reference(k, v, k_cache, v_cache, slot_mapping)
+    write_kv_reference(k, v, cache.k, cache.v, slot_mapping, cache.k_scales, cache.v_scales)
 
 
 def paged_attention(
     q: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
+    cache: KVCache,
     sinks: torch.Tensor,
     meta: AttentionMetadata,
     tables: BlockTables,
@@ -42,13 +40,14 @@ def paged_attention(
         from osserve.ops.attention.paged_triton import paged_attention_triton
 
         return paged_attention_triton(
-            q, k_cache, v_cache, sinks, meta.query_start_loc, meta.seq_lens, tables.block_tables,
+            q, cache.k, cache.v, sinks, meta.query_start_loc, meta.seq_lens, tables.block_tables,
             scale, window, meta.max_query_len, meta.max_seq_len, meta.is_decode_only, tree=meta.tree,
+            k_scales=cache.k_scales, v_scales=cache.v_scales,
         )
     query_start_loc = [0]
     for n in meta.query_lens_host:
         query_start_loc.append(query_start_loc[-1] + n)
     return paged_attention_reference(
-        q, k_cache, v_cache, sinks, query_start_loc, meta.seq_lens_host, tables.block_tables,
-        scale, window, meta.tree,
+        q, cache.k, cache.v, sinks, query_start_loc, meta.seq_lens_host, tables.block_tables,
+        scale, window, meta.tree, cache.k_scales, cache.v_scales,
     )

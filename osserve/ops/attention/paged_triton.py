@@ -13,6 +13,10 @@ Online softmax, in the exp2 domain (scores pre-multiplied by scale * log2(e)):
   per KV tile: m' = max(m, rowmax(qk)); alpha = exp2(m - m'); p = exp2(qk - m')
                l = l * alpha + rowsum(p); acc = acc * alpha + p @ V; m = m'
   out = acc / l.
+An FP8 cache (attention/kv_format.py: e4m3 codes, a power-of-two scale per token and kv head) is read
+as codes converted to q's dtype, each key's scale folded into its column of qk (with the softmax
+scale) and each value's into its column of p before p @ V; the write quantises (write_kv_triton,
+the RoPE kernels in ops/rope/).
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ import triton.language as tl
 
 from osserve.ops.attention.decode_triton import interpreting as _interpreting
 from osserve.ops.attention.decode_triton import paged_decode_triton
+from osserve.ops.attention.fp8_triton import scale_args, scale_byte, scale_value, to_e4m3
 from osserve.ops.attention.metadata import TreeMask
 
 LOG2E = 1.4426950408889634
@@ -34,15 +39,17 @@ def _tiles(
     q, q_pos,  # [M, D], [M] absolute query positions
     start, end,  # key positions [start, end) of this phase, stepped by BLOCK_N
     bt_row, k_base, v_base,  # this sequence's block-table row; K/V pointers at this kv head
-    scale_log2e, window, stride_kb, stride_ks, stride_vb, stride_vs,
+    ks_base, vs_base,  # FP8: the scale bytes' pointers at this kv head
+    scale_log2e, window, stride_kb, stride_ks, stride_vb, stride_vs, stride_sb, stride_ss,
     q_real, tree_bits, tree_start,  # TREE: [M] real positions, [M] int64 ancestor bits, the tree's start
     BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
-    HAS_WINDOW: tl.constexpr, MASK: tl.constexpr, TREE: tl.constexpr,
+    HAS_WINDOW: tl.constexpr, MASK: tl.constexpr, TREE: tl.constexpr, FP8: tl.constexpr,
 ):
     """Fold keys [start, end) into the state. MASK=False: the caller guarantees every key is
     visible to every row and every tile is whole, so no bounds, causal, window or tree mask.
     TREE: the window counts from each row's real position, and keys inside the tree
-    (metadata.TreeMask) are seen only where the row's bit is set."""
+    (metadata.TreeMask) are seen only where the row's bit is set. FP8: K and V are e4m3 codes; a
+    key's scale joins its column of the scores, a value's its column of p (attention/kv_format.py)."""
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, HEAD_DIM)
     for tile in range(start, end, BLOCK_N):
@@ -62,7 +69,17 @@ def _tiles(
             k = tl.load(k_ptrs, mask=k_ok[:, None], other=0.0)
         else:
             k = tl.load(k_ptrs)
-        qk = tl.dot(q, tl.trans(k)) * scale_log2e  # [M, N] fp32
+        if FP8:
+            s_offs = blk * stride_sb + in_blk * stride_ss
+            if MASK:
+                k_scale = scale_value(tl.load(ks_base + s_offs, mask=k_ok, other=0))
+                v_scale = scale_value(tl.load(vs_base + s_offs, mask=k_ok, other=0))
+            else:
+                k_scale = scale_value(tl.load(ks_base + s_offs))
+                v_scale = scale_value(tl.load(vs_base + s_offs))
+            qk = tl.dot(q, tl.trans(k.to(q.dtype))) * (k_scale * scale_log2e)[None, :]  # [M, N] fp32
+        else:
+            qk = tl.dot(q, tl.trans(k)) * scale_log2e  # [M, N] fp32
         if MASK:
             dist = q_pos[:, None] - k_pos[None, :]
             visible = (dist >= 0) & k_ok[None, :]
@@ -85,7 +102,10 @@ def _tiles(
             v = tl.load(v_ptrs, mask=k_ok[:, None], other=0.0)
         else:
             v = tl.load(v_ptrs)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+        if FP8:
+            acc = acc * alpha[:, None] + tl.dot((p * v_scale[None, :]).to(q.dtype), v.to(q.dtype))
+        else:
+            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
         m_i = m_new
     return acc, l_i, m_i
 
@@ -95,6 +115,7 @@ def _tiles(
 @triton.jit(do_not_specialize=["window", "stride_bt"])
 def _prefill_kernel(
     q_ptr, k_ptr, v_ptr, o_ptr, sinks_ptr,
+    ks_ptr, vs_ptr,  # FP8: [num_blocks, block_size, kv_heads] scale bytes (else unused)
     qsl_ptr,  # [B+1] int32 query_start_loc
     seq_lens_ptr,  # [B] int32
     bt_ptr,  # [B, max_blocks] int32, -1 holes
@@ -102,6 +123,7 @@ def _prefill_kernel(
     scale_log2e, window,
     stride_qt, stride_qh, stride_ot, stride_oh,
     stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh, stride_bt,
+    stride_sb, stride_ss, stride_sh,  # the scale bytes' (K's and V's alike)
     GROUP: tl.constexpr,  # q heads per kv head
     GROUP_P: tl.constexpr,  # GROUP rounded up to a power of two
     BLOCK_Q: tl.constexpr,  # query tokens per tile; the tile's M = BLOCK_Q * GROUP_P rows
@@ -110,6 +132,7 @@ def _prefill_kernel(
     BLOCK_SIZE: tl.constexpr,  # cache block size (power of two)
     HAS_WINDOW: tl.constexpr,
     TREE: tl.constexpr,  # draft trees among the sequences (metadata.TreeMask)
+    FP8: tl.constexpr,  # an FP8 cache (attention/kv_format.py)
 ):
     """One program: BLOCK_Q query tokens of sequence b x the GROUP q heads of kv head kvh.
 
@@ -177,15 +200,20 @@ def _prefill_kernel(
     bt_row = bt_ptr + b * stride_bt
     k_base = k_ptr + kvh * stride_kh
     v_base = v_ptr + kvh * stride_vh
-    acc, l_i, m_i = _tiles(acc, l_i, m_i, q, q_pos, lo, full_lo, bt_row, k_base, v_base,
-                           scale_log2e, window, stride_kb, stride_ks, stride_vb, stride_vs,
-                           q_real, tree_bits, tree_start, BLOCK_N, HEAD_DIM, BLOCK_SIZE, HAS_WINDOW, True, TREE)
-    acc, l_i, m_i = _tiles(acc, l_i, m_i, q, q_pos, full_lo, full_end, bt_row, k_base, v_base,
-                           scale_log2e, window, stride_kb, stride_ks, stride_vb, stride_vs,
-                           q_real, tree_bits, tree_start, BLOCK_N, HEAD_DIM, BLOCK_SIZE, HAS_WINDOW, False, TREE)
-    acc, l_i, m_i = _tiles(acc, l_i, m_i, q, q_pos, full_end, hi, bt_row, k_base, v_base,
-                           scale_log2e, window, stride_kb, stride_ks, stride_vb, stride_vs,
-                           q_real, tree_bits, tree_start, BLOCK_N, HEAD_DIM, BLOCK_SIZE, HAS_WINDOW, True, TREE)
+    ks_base = ks_ptr + kvh * stride_sh
+    vs_base = vs_ptr + kvh * stride_sh
+    acc, l_i, m_i = _tiles(acc, l_i, m_i, q, q_pos, lo, full_lo, bt_row, k_base, v_base, ks_base, vs_base,
+                           scale_log2e, window, stride_kb, stride_ks, stride_vb, stride_vs, stride_sb, stride_ss,
+                           q_real, tree_bits, tree_start, BLOCK_N, HEAD_DIM, BLOCK_SIZE, HAS_WINDOW, True, TREE,
+                           FP8)
+    acc, l_i, m_i = _tiles(acc, l_i, m_i, q, q_pos, full_lo, full_end, bt_row, k_base, v_base, ks_base, vs_base,
+                           scale_log2e, window, stride_kb, stride_ks, stride_vb, stride_vs, stride_sb, stride_ss,
+                           q_real, tree_bits, tree_start, BLOCK_N, HEAD_DIM, BLOCK_SIZE, HAS_WINDOW, False, TREE,
+                           FP8)
+    acc, l_i, m_i = _tiles(acc, l_i, m_i, q, q_pos, full_end, hi, bt_row, k_base, v_base, ks_base, vs_base,
+                           scale_log2e, window, stride_kb, stride_ks, stride_vb, stride_vs, stride_sb, stride_ss,
+                           q_real, tree_bits, tree_start, BLOCK_N, HEAD_DIM, BLOCK_SIZE, HAS_WINDOW, True, TREE,
+                           FP8)
 
     out = acc / l_i[:, None]
     tl.store(o_ptr + q_rows[:, None] * stride_ot + head[:, None] * stride_oh + offs_d[None, :],
@@ -197,7 +225,7 @@ def _prefill(
     query_start_loc: torch.Tensor, seq_lens: torch.Tensor, block_tables: torch.Tensor,
     scale: float, window: int | None, max_query_len: int, out: torch.Tensor,
     block_m: int | None = None, block_n: int | None = None, num_stages: int | None = None,
-    tree: TreeMask | None = None,
+    tree: TreeMask | None = None, k_scales: torch.Tensor | None = None, v_scales: torch.Tensor | None = None,
 ) -> None:
     num_seqs = seq_lens.shape[0]
     num_heads, head_dim = q.shape[1], q.shape[2]
@@ -211,14 +239,15 @@ def _prefill(
     block_n = block_n or (16 if _interpreting() else 32)
     grid = (num_seqs, triton.cdiv(max_query_len, block_q), kv_heads)
     tree_args = (tree.bits, tree.positions, tree.start) if tree is not None else (seq_lens, seq_lens, seq_lens)
+    ks, vs, scale_strides = scale_args(k_scales, v_scales, seq_lens)
     _prefill_kernel[grid](
-        q, k_cache, v_cache, out, sinks, query_start_loc, seq_lens, block_tables, *tree_args,
+        q, k_cache, v_cache, out, sinks, ks, vs, query_start_loc, seq_lens, block_tables, *tree_args,
         scale * LOG2E, window or 0,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), block_tables.stride(0),
+        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), block_tables.stride(0), *scale_strides,
         GROUP=group, GROUP_P=group_p, BLOCK_Q=block_q, BLOCK_N=block_n, HEAD_DIM=head_dim,
-        BLOCK_SIZE=block_size, HAS_WINDOW=window is not None, TREE=tree is not None,
+        BLOCK_SIZE=block_size, HAS_WINDOW=window is not None, TREE=tree is not None, FP8=k_scales is not None,
         num_warps=4 if block_q * group_p <= 64 else 8, num_stages=num_stages or 2,
     )
 
@@ -243,9 +272,12 @@ def paged_attention_triton(
     block_n: int | None = None,
     num_stages: int | None = None,
     tree: TreeMask | None = None,
+    k_scales: torch.Tensor | None = None,
+    v_scales: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Paged attention on the device; returns out [T, H, D] (q's dtype). `tree`: draft trees
     among the sequences (metadata.TreeMask; the prefill kernel, whatever the query lengths).
+    k_scales / v_scales: an FP8 cache's scales (attention/kv_format.py).
 
     is_decode: every sequence has exactly one query (the decode kernel, split-KV). The decode path
     does no host sync and allocates only buffers whose sizes depend on (B, H, D, num_splits), so it
@@ -262,47 +294,65 @@ def paged_attention_triton(
         return out
     if is_decode and tree is None:
         paged_decode_triton(q, k_cache, v_cache, sinks, query_start_loc, seq_lens, block_tables,
-                            scale, window, max_seq_len, out, num_splits=num_splits, block_n=block_n)
+                            scale, window, max_seq_len, out, num_splits=num_splits, block_n=block_n,
+                            k_scales=k_scales, v_scales=v_scales)
     else:
         _prefill(q, k_cache, v_cache, sinks, query_start_loc, seq_lens, block_tables, scale, window,
-                 max_query_len, out, block_m=block_m, block_n=block_n, num_stages=num_stages, tree=tree)
+                 max_query_len, out, block_m=block_m, block_n=block_n, num_stages=num_stages, tree=tree,
+                 k_scales=k_scales, v_scales=v_scales)
     return out
 
 
 @triton.jit
 def _write_kv_kernel(
-    k_ptr, v_ptr, kc_ptr, vc_ptr, slot_ptr,
+    k_ptr, v_ptr, kc_ptr, vc_ptr, ks_ptr, vs_ptr, slot_ptr,
     stride_kt, stride_vt, stride_kc_slot, stride_vc_slot,
-    ROW: tl.constexpr,  # kv_heads * head_dim elements per token
-    BLOCK: tl.constexpr,
+    NUM_KV: tl.constexpr, BLOCK_KV: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+    FP8: tl.constexpr,  # an FP8 cache: codes and a scale byte per head (attention/kv_format.py)
 ):
     t = tl.program_id(0)
     slot = tl.load(slot_ptr + t).to(tl.int64)
     if slot < 0:  # padding token: not stored
         return
-    offs = tl.arange(0, BLOCK)
-    mask = offs < ROW
-    k = tl.load(k_ptr + t.to(tl.int64) * stride_kt + offs, mask=mask)
-    v = tl.load(v_ptr + t.to(tl.int64) * stride_vt + offs, mask=mask)
-    tl.store(kc_ptr + slot * stride_kc_slot + offs, k.to(kc_ptr.dtype.element_ty), mask=mask)
-    tl.store(vc_ptr + slot * stride_vc_slot + offs, v.to(vc_ptr.dtype.element_ty), mask=mask)
+    heads = tl.arange(0, BLOCK_KV)
+    cols = tl.arange(0, BLOCK_D)
+    offs = heads[:, None] * HEAD_DIM + cols[None, :]  # [KV, D]: one token's row
+    mask = (heads[:, None] < NUM_KV) & (cols[None, :] < HEAD_DIM)
+    k = tl.load(k_ptr + t.to(tl.int64) * stride_kt + offs, mask=mask, other=0.0).to(tl.float32)
+    v = tl.load(v_ptr + t.to(tl.int64) * stride_vt + offs, mask=mask, other=0.0).to(tl.float32)
+    if FP8:
+        ks = scale_byte(tl.max(tl.abs(k), 1))
+        vs = scale_byte(tl.max(tl.abs(v), 1))
+        tl.store(kc_ptr + slot * stride_kc_slot + offs, to_e4m3(k, ks[:, None]), mask=mask)
+        tl.store(vc_ptr + slot * stride_vc_slot + offs, to_e4m3(v, vs[:, None]), mask=mask)
+        tl.store(ks_ptr + slot * NUM_KV + heads, ks.to(tl.uint8), mask=heads < NUM_KV)
+        tl.store(vs_ptr + slot * NUM_KV + heads, vs.to(tl.uint8), mask=heads < NUM_KV)
+    else:
+        tl.store(kc_ptr + slot * stride_kc_slot + offs, k.to(kc_ptr.dtype.element_ty), mask=mask)
+        tl.store(vc_ptr + slot * stride_vc_slot + offs, v.to(vc_ptr.dtype.element_ty), mask=mask)
 
 
 def write_kv_triton(
     k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-    slot_mapping: torch.Tensor,
+    slot_mapping: torch.Tensor, k_scales: torch.Tensor | None = None, v_scales: torch.Tensor | None = None,
 ) -> None:
-    """Store k, v [T, kv_heads, head_dim] at cache rows slot_mapping [T] (-1: skip)."""
+    """Store k, v [T, kv_heads, head_dim] at cache rows slot_mapping [T] (-1: skip); with scales
+    [num_blocks, block_size, kv_heads] (an FP8 cache), quantised as kv_format.py says."""
     num_tokens = k.shape[0]
     if num_tokens == 0:
         return
     # Each token's [kv_heads, head_dim] is one contiguous row, in k/v and in the cache.
     assert k.stride(2) == 1 and k.stride(1) == k.shape[2] and v.stride(2) == 1
     assert v.stride(1) == v.shape[2] and k_cache.is_contiguous() and v_cache.is_contiguous()
+    fp8 = k_scales is not None and v_scales is not None
+    assert not fp8 or (k_scales.is_contiguous() and v_scales.is_contiguous())  # type: ignore[union-attr]
     row = k.shape[1] * k.shape[2]
     _write_kv_kernel[(num_tokens,)](
-        k, v, k_cache, v_cache, slot_mapping, k.stride(0), v.stride(0), row, row,
-        ROW=row, BLOCK=triton.next_power_of_2(row), num_warps=4,
+        k, v, k_cache, v_cache, k_scales if fp8 else slot_mapping, v_scales if fp8 else slot_mapping,
+        slot_mapping, k.stride(0), v.stride(0), row, row,
+        NUM_KV=k.shape[1], BLOCK_KV=triton.next_power_of_2(k.shape[1]), HEAD_DIM=k.shape[2],
+        BLOCK_D=triton.next_power_of_2(k.shape[2]), FP8=fp8,
+        num_warps=4,
     )
 
 

@@ -7,25 +7,33 @@ tokens (the cached prefix plus this step's chunk): prefill, chunked prefill and 
 same computation.
 
 This file is the specification (plain PyTorch). The Triton kernels implement the same function on
-CUDA; dispatch.py chooses.
+CUDA; dispatch.py chooses. An FP8 cache (kv_format.py) comes with its scales: the write quantises,
+attention reads the decoded values.
 """
 
 from __future__ import annotations
 
 import torch
 
+from osserve.ops.attention.kv_format import quantize_reference, scale_values
 from osserve.ops.attention.metadata import MAX_TREE_TOKENS, TreeMask
 
 
 def write_kv_reference(
     k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-    slot_mapping: torch.Tensor,
+    slot_mapping: torch.Tensor, k_scales: torch.Tensor | None = None, v_scales: torch.Tensor | None = None,
 ) -> None:
-    """Store this step's k, v [T, kv_heads, head_dim] at their slots (slot -1: not stored)."""
+    """Store this step's k, v [T, kv_heads, head_dim] at their slots (slot -1: not stored); with
+    scales [num_blocks, block_size, kv_heads] (an FP8 cache), quantised (kv_format.py)."""
     valid = slot_mapping >= 0
     slots = slot_mapping[valid]
-    k_cache.view(-1, *k_cache.shape[2:]).index_copy_(0, slots, k[valid].to(k_cache.dtype))
-    v_cache.view(-1, *v_cache.shape[2:]).index_copy_(0, slots, v[valid].to(v_cache.dtype))
+    for x, cache, scales in ((k, k_cache, k_scales), (v, v_cache, v_scales)):
+        rows = x[valid]
+        if scales is not None:
+            codes, s = quantize_reference(rows)
+            scales.view(-1, scales.shape[2]).index_copy_(0, slots, s)
+            cache, rows = cache.view(torch.uint8), codes.view(torch.uint8)  # CPU index ops lack float8
+        cache.view(-1, *cache.shape[2:]).index_copy_(0, slots, rows.to(cache.dtype))
 
 
 def paged_attention_reference(
@@ -39,6 +47,8 @@ def paged_attention_reference(
     scale: float,
     window: int | None,
     tree: TreeMask | None = None,
+    k_scales: torch.Tensor | None = None,
+    v_scales: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """q [T, heads, head_dim] -> [T, heads, head_dim], attending through the paged cache.
 
@@ -46,6 +56,7 @@ def paged_attention_reference(
     p - j < window. Each head's sink logit joins the softmax (in float32) as an extra column
     that takes probability mass but contributes no value. `tree`: draft trees (metadata.TreeMask
     states the rule): a tree's node sees its ancestors, and its real position decides the window.
+    k_scales / v_scales: an FP8 cache's scales (kv_format.py); keys and values are decoded with them.
     """
     num_heads, head_dim = q.shape[1], q.shape[2]
     block_size, kv_heads = k_cache.shape[1], k_cache.shape[2]
@@ -65,6 +76,9 @@ def paged_attention_reference(
         rows = blocks * block_size + k_pos % block_size
         keys = k_cache.view(-1, kv_heads, head_dim)[rows].to(torch.float32)  # [S, kvh, D]
         vals = v_cache.view(-1, kv_heads, head_dim)[rows].to(torch.float32)
+        if k_scales is not None and v_scales is not None:
+            keys = keys * scale_values(k_scales.view(-1, kv_heads)[rows])[..., None]
+            vals = vals * scale_values(v_scales.view(-1, kv_heads)[rows])[..., None]
         keys = keys.repeat_interleave(group, dim=1)  # [S, H, D]
         vals = vals.repeat_interleave(group, dim=1)
         qs = q[q_start:q_end].to(torch.float32)  # [L, H, D]

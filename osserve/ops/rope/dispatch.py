@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import torch
 
+from osserve.ops.attention.kv_format import KVCache
 from osserve.ops.dispatch import use_triton
 from osserve.ops.linear.dispatch import linear
 from osserve.ops.rope.reference import RopeTable, rope_and_cache_table_reference
@@ -17,17 +18,18 @@ def rope_and_cache_table(
     v: torch.Tensor,  # [T, KVH, D]
     positions: torch.Tensor,  # [T] int
     table: RopeTable,
-    k_cache: torch.Tensor,  # [num_blocks, block_size, KVH, D]
-    v_cache: torch.Tensor,
+    cache: KVCache,
     slot_mapping: torch.Tensor,  # [T] int64, -1: not stored
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Dispatch: the fused kernel (gathering cos/sin by position) on CUDA, else the reference."""
+    """Dispatch: the fused kernel (gathering cos/sin by position) on CUDA, else the reference.
+    An FP8 cache is written quantised (attention/kv_format.py)."""
     if use_triton(q):
         from osserve.ops.rope.rope_triton import rope_and_cache_triton
 
-        return rope_and_cache_triton(q, k, v, table.cos, table.sin, k_cache, v_cache, slot_mapping,
-                                     positions=positions)
-    return rope_and_cache_table_reference(q, k, v, positions, table, k_cache, v_cache, slot_mapping)
+        return rope_and_cache_triton(q, k, v, table.cos, table.sin, cache.k, cache.v, slot_mapping,
+                                     positions=positions, k_scales=cache.k_scales, v_scales=cache.v_scales)
+    return rope_and_cache_table_reference(q, k, v, positions, table, cache.k, cache.v, slot_mapping,
+                                          cache.k_scales, cache.v_scales)
 
 
 def qkv_rope_and_cache(
@@ -38,8 +40,7 @@ def qkv_rope_and_cache(
     num_kv_heads: int,
     positions: torch.Tensor,  # [T] int
     table: RopeTable,
-    k_cache: torch.Tensor,  # [num_blocks, block_size, KVH, D]
-    v_cache: torch.Tensor,
+    cache: KVCache,
     slot_mapping: torch.Tensor,  # [T] int64, -1: not stored
 ) -> torch.Tensor:
     """Project x to q, k, v, rotate q and k, store k and v at their slots; returns q [T, H, D].
@@ -51,10 +52,11 @@ def qkv_rope_and_cache(
 
         if fits_qkv_rope(x, weight, head_dim):
             return qkv_rope_cache_triton(x, weight, bias, num_heads, num_kv_heads, table.cos, table.sin,
-                                         positions, k_cache, v_cache, slot_mapping)
+                                         positions, cache.k, cache.v, slot_mapping, cache.k_scales,
+                                         cache.v_scales)
     t = x.shape[0]
     q, k, v = linear(x, weight, bias).split([num_heads * head_dim, num_kv_heads * head_dim,
                                              num_kv_heads * head_dim], dim=-1)
     q, _ = rope_and_cache_table(q.view(t, num_heads, head_dim), k.view(t, num_kv_heads, head_dim),
-                                v.view(t, num_kv_heads, head_dim), positions, table, k_cache, v_cache, slot_mapping)
+                                v.view(t, num_kv_heads, head_dim), positions, table, cache, slot_mapping)
     return q

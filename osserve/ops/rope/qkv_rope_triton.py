@@ -12,7 +12,8 @@ q heads are rotated into q; k heads rotated and v heads as they are go into the 
 the token's slot (slot −1: not stored).
 
 The projection's values are rounded to the activations' dtype before the rotation, as the
-unfused path's bf16 output is; the rotation is rope_triton's, in float32.
+unfused path's bf16 output is; the rotation is rope_triton's, in float32. An FP8 cache takes e4m3
+codes and a scale byte per (token, head) of those float32 values (attention/kv_format.py).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import torch
 import triton
 import triton.language as tl
 
+from osserve.ops.attention.fp8_triton import scale_args, scale_byte, to_e4m3
 from osserve.ops.linear.small_m_triton import (
     DEFAULT_CONFIG,
     MAX_TOKENS,
@@ -34,12 +36,12 @@ from osserve.ops.policy import kernel_policy
 
 @triton.jit
 def _qkv_rope_cache_kernel(
-    x_ptr, w_ptr, b_ptr, q_ptr, kc_ptr, vc_ptr, cos_ptr, sin_ptr, pos_ptr, slot_ptr,
+    x_ptr, w_ptr, b_ptr, q_ptr, kc_ptr, vc_ptr, ks_ptr, vs_ptr, cos_ptr, sin_ptr, pos_ptr, slot_ptr,
     M, K, stride_xm, stride_wn, stride_qm, stride_qh,
-    skc_b, skc_o, skc_h, svc_b, svc_o, svc_h, block_size, table_stride,
+    skc_b, skc_o, skc_h, svc_b, svc_o, svc_h, ss_b, ss_o, ss_h, block_size, table_stride,
     NUM_Q: tl.constexpr, NUM_KV: tl.constexpr, HALF: tl.constexpr, EVEN_K: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, NUM_STAGES: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    PDL: tl.constexpr, PREFETCH: tl.constexpr,
+    PDL: tl.constexpr, PREFETCH: tl.constexpr, FP8: tl.constexpr,
 ):  # noqa: ANN001
     head = tl.program_id(0)  # q heads, then k heads, then v heads: the fused weight's row order
     rh = tl.arange(0, HALF)
@@ -71,19 +73,29 @@ def _qkv_rope_cache_kernel(
     if rotated:
         y1, y2 = y1 * c - y2 * s, y2 * c + y1 * s
     if head < NUM_Q:
-        dst = q_ptr + rm[None, :] * stride_qm + head * stride_qh + rh[:, None]
-        tl.store(dst, y1.to(dtype), mask=m_ok[None, :])
-        tl.store(dst + HALF, y2.to(dtype), mask=m_ok[None, :])
+        q_dst = q_ptr + rm[None, :] * stride_qm + head * stride_qh + rh[:, None]
+        tl.store(q_dst, y1.to(dtype), mask=m_ok[None, :])
+        tl.store(q_dst + HALF, y2.to(dtype), mask=m_ok[None, :])
     else:
         ok = (m_ok & (slot >= 0))[None, :]
         blk = slot // block_size
         off = slot % block_size
         if head < NUM_Q + NUM_KV:
-            dst = kc_ptr + (blk * skc_b + off * skc_o)[None, :] + (head - NUM_Q) * skc_h + rh[:, None]
+            kv_head = head - NUM_Q
+            dst = kc_ptr + (blk * skc_b + off * skc_o)[None, :] + kv_head * skc_h + rh[:, None]
+            scale_dst = ks_ptr
         else:
-            dst = vc_ptr + (blk * svc_b + off * svc_o)[None, :] + (head - NUM_Q - NUM_KV) * svc_h + rh[:, None]
-        tl.store(dst, y1.to(kc_ptr.dtype.element_ty), mask=ok)
-        tl.store(dst + HALF, y2.to(kc_ptr.dtype.element_ty), mask=ok)
+            kv_head = head - NUM_Q - NUM_KV
+            dst = vc_ptr + (blk * svc_b + off * svc_o)[None, :] + kv_head * svc_h + rh[:, None]
+            scale_dst = vs_ptr
+        if FP8:  # a scale byte per token column (attention/kv_format.py)
+            sb = scale_byte(tl.maximum(tl.max(tl.abs(y1), 0), tl.max(tl.abs(y2), 0)))  # [BLOCK_M]
+            tl.store(dst, to_e4m3(y1, sb[None, :]), mask=ok)
+            tl.store(dst + HALF, to_e4m3(y2, sb[None, :]), mask=ok)
+            tl.store(scale_dst + blk * ss_b + off * ss_o + kv_head * ss_h, sb.to(tl.uint8), mask=m_ok & (slot >= 0))
+        else:
+            tl.store(dst, y1.to(kc_ptr.dtype.element_ty), mask=ok)
+            tl.store(dst + HALF, y2.to(kc_ptr.dtype.element_ty), mask=ok)
 
 
 def fits_qkv_rope(x: torch.Tensor, weight: torch.Tensor, head_dim: int) -> bool:
@@ -105,9 +117,12 @@ def qkv_rope_cache_triton(
     k_cache: torch.Tensor,  # [num_blocks, block_size, KVH, D], last dim contiguous
     v_cache: torch.Tensor,
     slot_mapping: torch.Tensor,  # [T] int64, -1: not stored
+    k_scales: torch.Tensor | None = None,  # [num_blocks, block_size, KVH] uint8: an FP8 cache's
+    v_scales: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Rotated q [T, H, D]; rotated k and v stored at their slots. As linear + split +
-    rope_and_cache_table (rope.py), up to the projection's float32 accumulation order."""
+    """Rotated q [T, H, D]; rotated k and v stored at their slots (quantised into an FP8 cache,
+    with its scales). As linear + split + rope_and_cache_table (rope.py), up to the projection's
+    float32 accumulation order."""
     t, hidden = x.shape
     head_dim = weight.shape[0] // (num_heads + 2 * num_kv_heads)
     assert fits_qkv_rope(x, weight, head_dim), (x.shape, x.stride(), weight.stride(), head_dim)
@@ -118,17 +133,18 @@ def qkv_rope_cache_triton(
     block_m = max(16, triton.next_power_of_2(t))
     pdl = pdl_launch(x.device)
     programs = num_heads + 2 * num_kv_heads
+    ks, vs, scale_strides = scale_args(k_scales, v_scales, slot_mapping)
     _qkv_rope_cache_kernel[(programs,)](
-        x, weight, bias, q, k_cache, v_cache, cos, sin, positions, slot_mapping,
+        x, weight, bias, q, k_cache, v_cache, ks, vs, cos, sin, positions, slot_mapping,
         t, hidden, x.stride(0), weight.stride(0), q.stride(0), q.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), k_cache.shape[1], cos.stride(0),
+        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), *scale_strides, k_cache.shape[1], cos.stride(0),
         NUM_Q=num_heads, NUM_KV=num_kv_heads, HALF=head_dim // 2, EVEN_K=hidden % config.block_k == 0,
         BLOCK_M=block_m, BLOCK_K=config.block_k,
         NUM_STAGES=stages_that_fit(config, block_m, x.element_size(), kernel_policy(x.device).shared_memory),
         # fp32 (CPU tests): no silent TF32; bf16 ignores the setting.
         DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32", PDL=pdl,
-        PREFETCH=prefetch_lines(programs, x.device),
+        PREFETCH=prefetch_lines(programs, x.device), FP8=k_scales is not None,
         num_warps=config.num_warps, launch_pdl=pdl,
     )
     return q

@@ -96,13 +96,16 @@ def rope_and_cache_reference(
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
     slot_mapping: torch.Tensor,
+    k_scales: torch.Tensor | None = None,
+    v_scales: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Rotate q [T, H, D] and k [T, KVH, D], store k and v [T, KVH, D] into the paged cache.
+    """Rotate q [T, H, D] and k [T, KVH, D], store k and v [T, KVH, D] into the paged cache
+    (quantised, with scales: an FP8 cache, attention/kv_format.py).
 
     Returns the rotated (q, k). The fused kernel does all of it in one pass.
     """
     q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-    write_kv_reference(k, v, k_cache, v_cache, slot_mapping)
+    write_kv_reference(k, v, k_cache, v_cache, slot_mapping, k_scales, v_scales)
     return q, k
 
 
@@ -115,7 +118,9 @@ def rope_and_cache_table_reference(
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
     slot_mapping: torch.Tensor,
+    k_scales: torch.Tensor | None = None,
+    v_scales: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """As `rope_and_cache_reference`, with cos/sin gathered from the table at positions [T]."""
     cos, sin = table.cos[positions], table.sin[positions]
-    return rope_and_cache_reference(q, k, v, cos, sin, k_cache, v_cache, slot_mapping)
+    return rope_and_cache_reference(q, k, v, cos, sin, k_cache, v_cache, slot_mapping, k_scales, v_scales)

@@ -5,6 +5,8 @@ load-time `RopeTable` [max_positions, D/2] by position), rotates all q heads and
 (rotate-half: x1' = x1·c − x2·s, x2' = x2·c + x1·s), writes the rotated q and k, and stores the
 rotated k and the untouched v at the token's cache slot (slot −1: not stored). This replaces the
 unfused sequence cos/sin gather → 2× apply_rope (≈6 elementwise kernels each) → index_copy ×2.
+An FP8 cache takes e4m3 codes and a scale byte per head, from the rotated k in float32
+(attention/kv_format.py).
 """
 
 from __future__ import annotations
@@ -12,6 +14,8 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+
+from osserve.ops.attention.fp8_triton import scale_args, scale_byte, to_e4m3
 
 
 @triton.jit
@@ -36,13 +40,14 @@ def _rotate_heads(src_ptr, dst_ptr, src_tok, dst_tok, src_head, dst_head, c, s,
 @triton.jit
 def _rope_cache_kernel(
     q_ptr, k_ptr, v_ptr, q_out_ptr, k_out_ptr, cos_ptr, sin_ptr, pos_ptr, slot_ptr,
-    kc_ptr, vc_ptr,
+    kc_ptr, vc_ptr, ks_ptr, vs_ptr,
     sq_t, sq_h, sk_t, sk_h, sv_t, sv_h, sqo_t, sqo_h, sko_t, sko_h,  # token / head strides
     skc_b, skc_o, skc_h, svc_b, svc_o, svc_h,  # cache strides: block, offset in block, head
+    ss_b, ss_o, ss_h,  # FP8: the scale bytes' strides (K's and V's alike)
     block_size, table_stride,
     NUM_Q: tl.constexpr, NUM_KV: tl.constexpr, HALF: tl.constexpr,
     BLOCK_Q: tl.constexpr, BLOCK_KV: tl.constexpr, BLOCK_HALF: tl.constexpr,
-    GATHER: tl.constexpr,
+    GATHER: tl.constexpr, FP8: tl.constexpr,
 ):  # noqa: ANN001
     tok = tl.program_id(0).to(tl.int64)
     # GATHER: the cos/sin row is the token's position in the load-time table; else row = token.
@@ -65,14 +70,28 @@ def _rope_cache_kernel(
         off = slot % block_size
         heads = tl.arange(0, BLOCK_KV)[:, None]
         kc = kc_ptr + blk * skc_b + off * skc_o + heads * skc_h + cols
-        tl.store(kc, k1.to(kc_ptr.dtype.element_ty), mask=kmask)
-        tl.store(kc + HALF, k2.to(kc_ptr.dtype.element_ty), mask=kmask)
         vsrc = v_ptr + tok * sv_t + heads * sv_h + cols
         v1 = tl.load(vsrc, mask=kmask, other=0.0)
         v2 = tl.load(vsrc + HALF, mask=kmask, other=0.0)
         vc = vc_ptr + blk * svc_b + off * svc_o + heads * svc_h + cols
-        tl.store(vc, v1.to(vc_ptr.dtype.element_ty), mask=kmask)
-        tl.store(vc + HALF, v2.to(vc_ptr.dtype.element_ty), mask=kmask)
+        if FP8:
+            v1 = v1.to(tl.float32)
+            v2 = v2.to(tl.float32)
+            ks = scale_byte(tl.maximum(tl.max(tl.abs(k1), 1), tl.max(tl.abs(k2), 1)))[:, None]  # [KV, 1]
+            vs = scale_byte(tl.maximum(tl.max(tl.abs(v1), 1), tl.max(tl.abs(v2), 1)))[:, None]
+            tl.store(kc, to_e4m3(k1, ks), mask=kmask)
+            tl.store(kc + HALF, to_e4m3(k2, ks), mask=kmask)
+            tl.store(vc, to_e4m3(v1, vs), mask=kmask)
+            tl.store(vc + HALF, to_e4m3(v2, vs), mask=kmask)
+            s_off = blk * ss_b + off * ss_o + heads * ss_h
+            head_ok = heads < NUM_KV
+            tl.store(ks_ptr + s_off, ks.to(tl.uint8), mask=head_ok)
+            tl.store(vs_ptr + s_off, vs.to(tl.uint8), mask=head_ok)
+        else:
+            tl.store(kc, k1.to(kc_ptr.dtype.element_ty), mask=kmask)
+            tl.store(kc + HALF, k2.to(kc_ptr.dtype.element_ty), mask=kmask)
+            tl.store(vc, v1.to(vc_ptr.dtype.element_ty), mask=kmask)
+            tl.store(vc + HALF, v2.to(vc_ptr.dtype.element_ty), mask=kmask)
 
 
 def rope_and_cache_triton(
@@ -86,9 +105,12 @@ def rope_and_cache_triton(
     slot_mapping: torch.Tensor,  # [T] int64, -1: not stored
     positions: torch.Tensor | None = None,  # [T] int: rows of cos/sin to use (None: row t)
     inplace: bool = False,
+    k_scales: torch.Tensor | None = None,  # [num_blocks, block_size, KVH] uint8: an FP8 cache's
+    v_scales: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Rotated (q, k); k (rotated) and v stored at their slots. inplace: q and k are overwritten
-    and returned (saves two allocations; the caller must not need the unrotated values).
+    """Rotated (q, k); k (rotated) and v stored at their slots (quantised into an FP8 cache, with
+    its scales). inplace: q and k are overwritten and returned (saves two allocations; the caller
+    must not need the unrotated values).
 
     q/k/v may be strided views (e.g. splits of a fused qkv output) as long as the last dim is
     contiguous; the caches may be any strided view whose last dim is contiguous.
@@ -105,16 +127,17 @@ def rope_and_cache_triton(
         return q_out, k_out
     half = d // 2
     pos = positions if positions is not None else slot_mapping  # unused when GATHER is False
+    ks, vs, scale_strides = scale_args(k_scales, v_scales, slot_mapping)
     _rope_cache_kernel[(t,)](
-        q, k, v, q_out, k_out, cos, sin, pos, slot_mapping, k_cache, v_cache,
+        q, k, v, q_out, k_out, cos, sin, pos, slot_mapping, k_cache, v_cache, ks, vs,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         q_out.stride(0), q_out.stride(1), k_out.stride(0), k_out.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
+        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), *scale_strides,
         k_cache.shape[1], cos.stride(0),
         NUM_Q=num_q, NUM_KV=num_kv, HALF=half,
         BLOCK_Q=triton.next_power_of_2(num_q), BLOCK_KV=triton.next_power_of_2(num_kv),
-        BLOCK_HALF=triton.next_power_of_2(half), GATHER=positions is not None,
+        BLOCK_HALF=triton.next_power_of_2(half), GATHER=positions is not None, FP8=k_scales is not None,
         num_warps=4 if num_q * d >= 2048 else 1,
     )
     return q_out, k_out

@@ -1,0 +1,66 @@
+"""The FP8 KV format (kv_format.py) inside Triton kernels: a vector's scale byte, the scale's value,
+and e4m3 codes rounded exactly as PyTorch's `.to(torch.float8_e4m3fn)` rounds (to nearest, ties to
+even), for the kernels that write the cache (attention/paged_triton.py, rope/) and read it.
+
+The rounding is done here in float32, onto e4m3's grid, before the cast: the cast then only packs an
+exact value, which the GPU and Triton's CPU interpreter both do exactly (the interpreter's own
+float32 -> float8 rounding loses the carry when a value rounds up into the next power of two:
+124.2 became 64, 2026-11-25, Triton 3.9), so the CPU tests check the code the GPU runs.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+# Triton converts to and from e4m3 (fp8e4nv) on compute capability 8.9 and later (Ada, Hopper,
+# Blackwell); on sm_80/sm_86 the kernels do not compile, and engine/load.py refuses an FP8 cache there.
+MIN_CAPABILITY = (8, 9)
+
+
+@triton.jit
+def _pow2(biased):  # noqa: ANN001
+    """2^(biased - 127) as float32, exactly (the int placed in float32's exponent field)."""
+    return (biased.to(tl.int32) << 23).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def scale_byte(amax):  # noqa: ANN001
+    """The stored byte s for a vector whose largest magnitude is amax (float32 >= 0): amax's biased
+    exponent less 7, at least 0 (kv_format.scale_bytes)."""
+    return tl.maximum(((amax.to(tl.int32, bitcast=True) >> 23) & 0xFF) - 7, 0)
+
+
+@triton.jit
+def scale_value(s):  # noqa: ANN001
+    """2^(s - 127): the factor that decodes a code stored with byte s (0 for s = 0)."""
+    return _pow2(s)
+
+
+@triton.jit
+def to_e4m3(x, s):  # noqa: ANN001
+    """e4m3 codes of x · 2^(127 - s) (x float32, s int broadcastable to it)."""
+    y = tl.minimum(tl.maximum(x * _pow2(254 - s), -448.0), 448.0)
+    a = tl.abs(y)
+    # e4m3's step at |y|: 2^(floor(log2|y|) - 3) (three mantissa bits), 2^-9 below 2^-6 (subnormals).
+    step = tl.maximum(((a.to(tl.int32, bitcast=True) >> 23) & 0xFF) - 3, 118)
+    n = a * _pow2(254 - step)  # |y| in steps: exact, a power-of-two factor
+    f = tl.floor(n)
+    r = n - f
+    odd = f - 2.0 * tl.floor(f * 0.5)
+    f = tl.where((r > 0.5) | ((r == 0.5) & (odd == 1.0)), f + 1.0, f)
+    sign = y.to(tl.int32, bitcast=True) & -2147483648  # y's sign bit (-0.0 stays -0.0, as in PyTorch)
+    rounded = ((f * _pow2(step)).to(tl.int32, bitcast=True) | sign).to(tl.float32, bitcast=True)
+    return rounded.to(tl.float8e4nv)
+
+
+def scale_args(k_scales: torch.Tensor | None, v_scales: torch.Tensor | None, placeholder: torch.Tensor,
+               ) -> tuple[torch.Tensor, torch.Tensor, tuple[int, int, int]]:
+    """A kernel's scale arguments: the K and V scale tensors [num_blocks, block_size, kv_heads] and
+    their (block, slot, head) strides, which must agree; for a cache in the model's dtype (no
+    scales: FP8=False, never read) `placeholder` twice and zero strides."""
+    if k_scales is None or v_scales is None:
+        return placeholder, placeholder, (0, 0, 0)
+    assert k_scales.stride() == v_scales.stride() and k_scales.dtype == v_scales.dtype == torch.uint8
+    return k_scales, v_scales, (k_scales.stride(0), k_scales.stride(1), k_scales.stride(2))
