@@ -107,3 +107,19 @@ def test_greedy_outputs_equal_one_rank(tiny_checkpoint: Path, one_rank: Outputs,
             assert [t for t, _ in g.top] == [t for t, _ in w.top]
             assert max(abs(a - b) for (_, a), (_, b) in zip(g.top, w.top, strict=True)) < 1e-4
     assert all(p.poll() is not None for p in runner.ranks.pool.processes.values())  # shut down
+
+
+def test_an_fp8_cache_split_by_heads_decodes_as_one_rank(tiny_checkpoint: Path) -> None:
+    """--kv-cache-dtype fp8 over 2 ranks: each rank's cache holds its kv heads' codes and scales (a
+    scale per token and kv head, so the split changes none of them), its block copies carry them,
+    and the greedy tokens are one FP8 rank's."""
+    want, _ = run(make_engine(tiny_checkpoint, kv_cache_dtype="fp8"))
+    engine = make_engine(tiny_checkpoint, kv_cache_dtype="fp8", tensor_parallel_size=2)
+    runner = engine.runner
+    assert isinstance(runner, ParallelRunner) and all(kv.fp8 for kv in runner.kv_caches)
+    try:
+        out, copies = run(engine)
+        assert engine.scheduler.num_preemptions > 0 and copies > 0
+    finally:
+        runner.shutdown()
+    assert {rid: tokens for rid, (tokens, _) in out.items()} == {rid: tokens for rid, (tokens, _) in want.items()}

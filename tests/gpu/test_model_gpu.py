@@ -188,7 +188,7 @@ def test_a_repeated_prompt_copies_its_cached_last_block(tiny_checkpoint: Path) -
         copy_blocks(copies)
         for c in copies:  # right away: a freed source block may be handed out again later
             for layer in layer_groups(runner.model.config)[c.group]:
-                assert all(torch.equal(t[c.dst], t[c.src]) for t in runner.kv_caches[layer])
+                assert all(torch.equal(t[c.dst], t[c.src]) for t in runner.kv_caches[layer].tensors())
             copied.append(c.group)
 
     runner.copy_blocks = checked_copy  # type: ignore[method-assign]

@@ -46,9 +46,9 @@ class KVCache:
     def allocate(cls, num_blocks: int, block_size: int, kv_heads: int, head_dim: int, dtype: torch.dtype,
                  device: torch.device | str) -> KVCache:
         shape = (num_blocks, block_size, kv_heads, head_dim)
-        k, v = (torch.zeros(shape, dtype=dtype, device=device) for _ in range(2))
         if not is_fp8(dtype):
-            return cls(k, v)
+            return cls(*(torch.zeros(shape, dtype=dtype, device=device) for _ in range(2)))
+        k, v = (torch.zeros(shape, dtype=torch.uint8, device=device).view(dtype) for _ in range(2))  # code 0: 0.0
         # Scale byte 0 (2^-127): an unwritten slot decodes to 0, as a zeroed bf16 slot does.
         k_scales, v_scales = (torch.zeros(shape[:3], dtype=SCALE_DTYPE, device=device) for _ in range(2))
         return cls(k, v, k_scales, v_scales)

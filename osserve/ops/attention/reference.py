@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import torch
 
-from osserve.ops.attention.kv_format import quantize_reference, scale_values
+from osserve.ops.attention.kv_format import dequantize_reference, quantize_reference
 from osserve.ops.attention.metadata import MAX_TREE_TOKENS, TreeMask
 
 
@@ -74,11 +74,12 @@ def paged_attention_reference(
         k_pos = torch.arange(first_k_pos, seq_len, device=q.device)
         blocks = block_tables[b, k_pos // block_size].long()
         rows = blocks * block_size + k_pos % block_size
-        keys = k_cache.view(-1, kv_heads, head_dim)[rows].to(torch.float32)  # [S, kvh, D]
-        vals = v_cache.view(-1, kv_heads, head_dim)[rows].to(torch.float32)
-        if k_scales is not None and v_scales is not None:
-            keys = keys * scale_values(k_scales.view(-1, kv_heads)[rows])[..., None]
-            vals = vals * scale_values(v_scales.view(-1, kv_heads)[rows])[..., None]
+        if k_scales is not None and v_scales is not None:  # FP8: gathered as bytes (index ops lack float8)
+            keys = dequantize_reference(gather_codes(k_cache, rows), k_scales.view(-1, kv_heads)[rows])
+            vals = dequantize_reference(gather_codes(v_cache, rows), v_scales.view(-1, kv_heads)[rows])
+        else:
+            keys = k_cache.view(-1, kv_heads, head_dim)[rows].to(torch.float32)  # [S, kvh, D]
+            vals = v_cache.view(-1, kv_heads, head_dim)[rows].to(torch.float32)
         keys = keys.repeat_interleave(group, dim=1)  # [S, H, D]
         vals = vals.repeat_interleave(group, dim=1)
         qs = q[q_start:q_end].to(torch.float32)  # [L, H, D]
@@ -93,6 +94,11 @@ def paged_attention_reference(
         probs = torch.softmax(torch.cat((scores, sink_col), dim=-1), dim=-1)[..., :-1]
         out[q_start:q_end] = torch.einsum("hls,shd->lhd", probs, vals).to(q.dtype)
     return out
+
+
+def gather_codes(cache: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    """FP8 codes [S, kv_heads, head_dim] of cache rows `rows`, gathered as their bytes."""
+    return cache.view(torch.uint8).view(-1, *cache.shape[2:])[rows].view(cache.dtype)
 
 
 def tree_visible(bits: torch.Tensor, rel: torch.Tensor) -> torch.Tensor:
