@@ -147,8 +147,9 @@ def llm_asker(llm: Any, max_tokens: int = 160) -> Ask:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """`python -m osserve.demo.evaluate --compact FILE [--n 200] [--device cuda]`: expand a compact
-    checkpoint into a temporary folder and score it with the offline engine."""
+    """`python -m osserve.demo.evaluate --compact FILE [--n 200] [--device cuda] [--kv-cache-dtype fp8]
+    [--efforts low,medium]`: expand a compact checkpoint into a temporary folder and score it with the
+    offline engine."""
     import argparse
     import tempfile
 
@@ -160,10 +161,13 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--n", type=int, default=200)
     p.add_argument("--device", default=None)
     p.add_argument("--show-failures", type=int, default=10)
+    p.add_argument("--kv-cache-dtype", default="auto", help="auto, or fp8 (e4m3 with scales)")
+    p.add_argument("--efforts", default="medium,low,high", help="the reasoning efforts to score, in order")
     a = p.parse_args(argv)
     with tempfile.TemporaryDirectory() as tmp:
-        llm = LLM(model=str(expand_compact(a.compact, tmp)), device=a.device, max_model_len=1024)
-        for effort in ("medium", "low", "high"):
+        llm = LLM(model=str(expand_compact(a.compact, tmp)), device=a.device, max_model_len=1024,
+                  kv_cache_dtype=a.kv_cache_dtype)
+        for effort in a.efforts.split(","):
             report = evaluate(llm_asker(llm), heldout_examples(a.n, effort=effort))
             print(f"reasoning {effort}: {report.summary()}", flush=True)
             for line in report.failures[: a.show_failures]:
