@@ -24,7 +24,7 @@ from osserve.errors import ConfigError
 HARMONY_PARSERS = ("openai", "gpt-oss", "gpt_oss", "openai_gptoss", "harmony")
 TRITON = ("triton", "TRITON_ATTN", "TRITON_ATTN_VLLM_V1")
 # --kv-cache-dtype values osserve takes (engine/load.py's resolve_kv_dtype): the model's dtype, or FP8 e4m3
-# with a power-of-two scale per token and kv head (ops/attention/kv_format.py).
+# with a scale per token and kv head (ops/attention/kv_format.py).
 KV_CACHE_DTYPES = ("auto", "bfloat16", "bf16", "fp8", "fp8_e4m3")
 
 
@@ -49,9 +49,8 @@ NOT_YET = [
 
 NEVER = [
     Refusal("kv_cache_dtype", lambda v: str(v).lower() == "fp8_e5m2",
-            "--kv-cache-dtype {value}: osserve's FP8 KV cache is e4m3 with a power-of-two scale per token and kv "
-            "head, a mantissa bit more precise than e5m2 and never out of range: pass --kv-cache-dtype fp8 (or "
-            "fp8_e4m3)"),
+            "--kv-cache-dtype {value}: osserve's FP8 KV cache is e4m3 with a scale per token and kv head, a "
+            "mantissa bit more precise than e5m2 and never out of range: pass --kv-cache-dtype fp8 (or fp8_e4m3)"),
     Refusal("kv_cache_dtype", lambda v: v is not None and str(v).lower() not in KV_CACHE_DTYPES + ("fp8_e5m2",),
             "--kv-cache-dtype {value}: osserve stores the KV cache in the model's dtype (auto; bfloat16) or in FP8 "
             "e4m3 with scales (fp8, fp8_e4m3)"),

@@ -81,8 +81,8 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
                         "SGLang's name)")
     g.add_argument("--kv-cache-gb", type=float, metavar="X", default=None, help="KV-cache budget (CPU)")
     g.add_argument("--kv-cache-dtype", default="auto", metavar="DTYPE",
-                   help="auto: the model's dtype (bf16 on a GPU); fp8 (or fp8_e4m3): e4m3 with a power-of-two "
-                        "scale per token and kv head, 1.97x the tokens of bf16 in the same memory")
+                   help="auto: the model's dtype (bf16 on a GPU); fp8 (or fp8_e4m3): e4m3 with a scale per token "
+                        "and kv head, 1.94x the tokens of bf16 in the same memory")
     g.add_argument("--block-size", type=int, metavar="N", default=16)
     g.add_argument("--no-prefix-caching", "--no-enable-prefix-caching", "--disable-radix-cache",
                    dest="no_prefix_caching", action="store_true",

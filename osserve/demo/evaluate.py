@@ -204,9 +204,9 @@ def llm_asker(llm: Any, max_tokens: int = 160) -> Ask:
 
 def main(argv: list[str] | None = None) -> None:
     """`python -m osserve.demo.evaluate --compact FILE [--n 200] [--device cuda] [--corpus 2]
-    [--efforts medium]`: expand a compact checkpoint into a temporary folder and score it with the
-    offline engine, on the corpus it was trained on unless --corpus names another (to compare
-    checkpoints of two corpora on the same prompts)."""
+    [--efforts medium] [--kv-cache-dtype fp8]`: expand a compact checkpoint into a temporary folder and
+    score it with the offline engine, on the corpus it was trained on unless --corpus names another (to
+    compare checkpoints of two corpora on the same prompts)."""
     import argparse
     import tempfile
 
@@ -220,11 +220,13 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--show-failures", type=int, default=10)
     p.add_argument("--corpus", type=int, default=None, help="the corpus of the prompts (default: the trained one)")
     p.add_argument("--efforts", default="medium,low,high", help="comma-separated reasoning efforts to score")
+    p.add_argument("--kv-cache-dtype", default="auto", help="auto, or fp8 (e4m3 with scales)")
     a = p.parse_args(argv)
     version = a.corpus or corpus_version(a.compact)
     print(f"{a.compact}: trained on corpus {corpus_version(a.compact)}; prompts from corpus {version}", flush=True)
     with tempfile.TemporaryDirectory() as tmp:
-        llm = LLM(model=str(expand_compact(a.compact, tmp)), device=a.device, max_model_len=1024)
+        llm = LLM(model=str(expand_compact(a.compact, tmp)), device=a.device, max_model_len=1024,
+                  kv_cache_dtype=a.kv_cache_dtype)
         for effort in a.efforts.split(","):
             for python in (False, True) if version >= 2 else (False,):
                 report = evaluate(llm_asker(llm), heldout_examples(a.n, effort=effort, version=version, python=python))

@@ -200,7 +200,7 @@ def plan_for_card(cfg: ModelConfig, cache: CacheConfig, sched: SchedulerConfig, 
                   device: DeviceMemory, kv_dtype: torch.dtype | None = None) -> tuple[int, KVPlan]:
     """(resident weights, KV plan) on a card of device.total bytes, as load.py would make them: the
     budget read after the weights are resident (with device.in_use already taken before). dtype:
-    the weights'; kv_dtype: the cache's (default the same; FP8 holds 1.97x the tokens)."""
+    the weights'; kv_dtype: the cache's (default the same; FP8 holds 1.94x the tokens)."""
     weights = resident_weights(cfg, dtype, device.total)
     budget = kv_budget(device, device.in_use + weights, cache.gpu_memory_utilization,
                        workspace_bytes(sched.max_num_batched_tokens))

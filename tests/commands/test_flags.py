@@ -248,9 +248,9 @@ def test_generate_and_bench_take_a_model_id_too() -> None:
 def test_a_refusal_is_one_line_and_exit_1(capsys: pytest.CaptureFixture[str]) -> None:
     assert cli.main(["serve", "openai/gpt-oss-120b", "--kv-cache-dtype", "fp8_e5m2"]) == 1
     err = capsys.readouterr().err
-    assert err == ("osserve: error: --kv-cache-dtype fp8_e5m2: osserve's FP8 KV cache is e4m3 with a power-of-two "
-                   "scale per token and kv head, a mantissa bit more precise than e5m2 and never out of range: pass "
-                   "--kv-cache-dtype fp8 (or fp8_e4m3)\n")
+    assert err == ("osserve: error: --kv-cache-dtype fp8_e5m2: osserve's FP8 KV cache is e4m3 with a scale per token "
+                   "and kv head, a mantissa bit more precise than e5m2 and never out of range: pass --kv-cache-dtype "
+                   "fp8 (or fp8_e4m3)\n")
 
 
 def test_the_offline_llm_refuses_through_the_same_table() -> None:

@@ -11,12 +11,12 @@ mantissa bits (at most 2^-4 relative error a value, ~2.5% RMS, 16x bf16's); thro
 ~0.1 logits each at its logit spread of ~2. A choice flips only at a near-tie, and the random tiny
 model is full of them: its median top-2 margin is 0.29 logits, and its random router has near-ties
 too, whose flip swaps an expert and moves the logits by whole units (bf16 KV flips 2% of its tokens
-for the same reason, by up to 0.7 logits; FP8 flips ~18%, 5% by more than 0.5, measured 2026-11-25).
+for the same reason, by up to 0.7 logits; FP8 flips 19%, 4% by more than 0.5, measured 2026-11-25).
 The trained model's margins are wide: nothing flips.
-(2) FP8 changes nothing about scheduling. Each token's scale is its own (a power of two per token and
-kv head), so what lands in the cache does not depend on the batch, the chunking or the step: outputs
-batched, in 7-token chunks, preempted, from the prefix cache (its copied last block with its scales)
-and staggered with or without async scheduling are exactly the FP8 run's alone."""
+(2) FP8 changes nothing about scheduling. Each token's scale is its own (one per token and kv head,
+from its own values), so what lands in the cache does not depend on the batch, the chunking or the
+step: outputs batched, in 7-token chunks, preempted, from the prefix cache (its copied last block with
+its scales) and staggered with or without async scheduling are exactly the FP8 run's alone."""
 
 from __future__ import annotations
 
@@ -98,7 +98,7 @@ def test_preemption_keeps_outputs(tiny_checkpoint: Path, fp8_alone: dict[str, li
 
 def test_the_prefix_cache_serves_blocks_and_copies_the_last_with_its_scales(tiny_checkpoint: Path) -> None:
     """A repeated 63-token prompt takes the cached full blocks and a copy of the last one (codes and
-    scale bytes), computes one token, and decodes exactly as a run without any cache."""
+    scales), computes one token, and decodes exactly as a run without any cache."""
     eng = make_engine(tiny_checkpoint, **FP8)
     runner = eng.runner
     copied: list[str] = []

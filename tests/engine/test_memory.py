@@ -137,8 +137,8 @@ H200 = DeviceMemory("NVIDIA H200", int(139.8 * GiB), CONTEXT)
 @pytest.mark.parametrize("card,utilization", [(H100, 0.97), (H100, 0.90), (H200, 0.95)])
 def test_an_fp8_cache_holds_1_9x_the_tokens_of_bf16_in_the_same_budget(name: str, card: DeviceMemory,
                                                                        utilization: float) -> None:
-    """--kv-cache-dtype fp8: e4m3 codes and a scale byte per 64 (ops/attention/kv_format.py), in the
-    budget bf16 gets: its full-attention tokens at least 1.9x bf16's (1.97x, and more: the sliding
+    """--kv-cache-dtype fp8: e4m3 codes and a bf16 scale per 64 (ops/attention/kv_format.py), in the
+    budget bf16 gets: its full-attention tokens at least 1.9x bf16's (1.94x, and more: the sliding
     group keeps the blocks bf16 gave it, in half the bytes, and the rest goes to the full layers),
     and neither plan above the budget."""
     cfg, cache = preset(name), CacheConfig(gpu_memory_utilization=utilization)

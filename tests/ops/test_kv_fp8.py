@@ -1,6 +1,7 @@
-"""The FP8 KV format's specification (ops/attention/kv_format.py) on its own: the scale rule, the
-rounding error it promises, values far outside e4m3's range, and the reference write and attention
-decoding an FP8 cache exactly as the float values it stands for."""
+"""The FP8 KV format's specification (ops/attention/kv_format.py) on its own: the scale rule (the
+largest element on 448), the rounding error it promises, values far outside e4m3's range, each
+token's own rounding, and the reference write and attention decoding an FP8 cache exactly as the
+float values it stands for."""
 
 from __future__ import annotations
 
@@ -12,8 +13,7 @@ from osserve.ops.attention.kv_format import (
     bytes_per_token,
     dequantize_reference,
     quantize_reference,
-    scale_bytes,
-    scale_values,
+    token_scales,
 )
 from osserve.ops.attention.reference import paged_attention_reference, write_kv_reference
 from tests.ops.attention_cases import make_case
@@ -25,49 +25,65 @@ def wide_vectors(n: int, d: int = 64, seed: int = 0) -> torch.Tensor:
     return torch.randn(n, d, generator=g) * torch.exp2(torch.randint(-40, 41, (n, 1), generator=g).float())
 
 
-def test_the_largest_element_lands_in_128_256_and_the_scale_is_a_power_of_two() -> None:
+def test_the_largest_element_is_stored_exactly_to_the_scales_rounding() -> None:
     x = wide_vectors(4000)
-    s = scale_bytes(x)
-    scaled = x.abs().amax(-1) / scale_values(s)
-    assert ((scaled >= 128) & (scaled < 256)).all()
-    assert torch.equal(torch.frexp(scale_values(s)).mantissa, torch.full_like(scaled, 0.5))  # 2^k exactly
+    s = token_scales(x)
+    assert s.dtype == torch.bfloat16 and torch.equal(s, (x.abs().amax(-1) / 448).bfloat16())
+    codes, s2 = quantize_reference(x)
+    assert torch.equal(s, s2)
+    biggest = x.abs().argmax(-1, keepdim=True)
+    back, want = dequantize_reference(codes, s).gather(1, biggest), x.gather(1, biggest)
+    assert ((back - want).abs() <= 2**-8 * want.abs()).all()  # 448 · s: only the bf16 scale's rounding
+    assert (codes.float().abs().amax(-1) == 448).all()  # e4m3's largest value, never beyond
 
 
 def test_relative_error_is_at_most_one_sixteenth_above_the_subnormal_range() -> None:
     x = wide_vectors(4000)
     codes, s = quantize_reference(x)
-    assert codes.dtype == FP8_DTYPE and s.dtype == torch.uint8
+    assert codes.dtype == FP8_DTYPE
     back = dequantize_reference(codes, s)
     assert torch.isfinite(back).all()
     amax = x.abs().amax(-1, keepdim=True)
-    # e4m3's normal range (>= 2^-6, with max|x| at 2^7..2^8): elements >= max|x| · 2^-13 at least
-    normal = x.abs() >= amax * 2**-13
+    # e4m3's normal range (>= 2^-6, the largest element at 448 = 2^8.8): elements >= max|x| · 2^-14
+    normal = x.abs() >= amax * 2**-14
     rel = ((back - x).abs() / x.abs())[normal]
-    assert rel.max().item() <= 2**-4 + 1e-7
-    # below it (subnormal codes) the error is absolute: at most half of the 2^-9 step, scaled (<= max|x| · 2^-17)
-    small_err = (back - x).abs()[~normal] / (amax.expand_as(x)[~normal] * 2**-17)
+    assert rel.max().item() <= 2**-4 + 1e-6
+    # below it (subnormal codes) the error is absolute: at most half of the 2^-9 step, scaled (<= max|x| · 2^-18)
+    small_err = (back - x).abs()[~normal] / (amax.expand_as(x)[~normal] * 2**-18)
     assert small_err.numel() == 0 or small_err.max().item() <= 1.0
     # the typical (RMS) relative error of e4m3's rounding: ~2-3%
     assert 0.01 < (rel**2).mean().sqrt().item() < 0.04
 
 
-def test_representable_values_and_zeros_are_exact() -> None:
+def test_zeros_and_vectors_on_the_grid_are_exact() -> None:
     grid = torch.arange(256, dtype=torch.int32).to(torch.uint8).view(FP8_DTYPE).float()
-    grid = grid[grid.isfinite() & (grid.abs() < 256)]  # max 240: scale 2^0, every code its own value
-    x = torch.cat([grid, torch.zeros(2)])[None, :].repeat(3, 1) * torch.tensor([[1.0], [2.0**-20], [2.0**30]])
+    grid = grid[grid.isfinite()]  # max 448: scale 1, every code its own value
+    x = torch.cat([grid, torch.zeros(2)])[None, :]
     codes, s = quantize_reference(x)
-    assert torch.equal(dequantize_reference(codes, s), x)
+    assert s.item() == 1.0 and torch.equal(dequantize_reference(codes, s), x)
     zero_codes, zero_s = quantize_reference(torch.zeros(2, 64))
-    assert torch.equal(dequantize_reference(zero_codes, zero_s), torch.zeros(2, 64))
+    assert (zero_s == 0).all() and torch.equal(dequantize_reference(zero_codes, zero_s), torch.zeros(2, 64))
 
 
-def test_an_fp8_cache_costs_one_scale_byte_per_64_values() -> None:
+def test_each_tokens_rounding_differs_from_its_neighbours() -> None:
+    """A component every token shares (a projection's bias) is rounded on each token's own grid, so
+    its error averages out over many keys, where a fixed scale repeats the same error in every one."""
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(512, 64, generator=g)
+    x[:, 0] = 0.7  # the same value in every token (not its largest)
+    err = dequantize_reference(*quantize_reference(x))[:, 0] - 0.7
+    fixed = (x[:, 0] / (x.abs().amax() / 448)).clamp(-448, 448).to(FP8_DTYPE).float() * (x.abs().amax() / 448) - 0.7
+    assert err.std() > 0 and err.mean().abs() < 0.3 * err.abs().mean()  # signs vary: a mean near 0
+    assert fixed.std() == 0 and fixed.abs().mean() > 0  # one error, repeated
+
+
+def test_an_fp8_cache_costs_a_bf16_scale_per_64_values() -> None:
     assert bytes_per_token(8, 64, torch.bfloat16) == 2 * 8 * 128
-    assert bytes_per_token(8, 64, FP8_DTYPE) == 2 * 8 * 65
-    assert bytes_per_token(8, 64, torch.bfloat16) / bytes_per_token(8, 64, FP8_DTYPE) > 1.96
+    assert bytes_per_token(8, 64, FP8_DTYPE) == 2 * 8 * 66
+    assert bytes_per_token(8, 64, torch.bfloat16) / bytes_per_token(8, 64, FP8_DTYPE) > 1.93
     cache = KVCache.allocate(3, 16, 8, 64, FP8_DTYPE, "cpu")
     assert cache.fp8 and cache.k_scales is not None and cache.k_scales.shape == (3, 16, 8)
-    assert [t.dtype for t in cache.tensors()] == [torch.uint8] * 4
+    assert [t.dtype for t in cache.tensors()] == [torch.uint8, torch.uint8, torch.bfloat16, torch.bfloat16]
     assert all(t.shape[:2] == (3, 16) for t in cache.tensors())
     assert not KVCache.allocate(3, 16, 8, 64, torch.bfloat16, "cpu").fp8
 

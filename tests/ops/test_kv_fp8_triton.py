@@ -1,7 +1,7 @@
 """The Triton kernels with an FP8 KV cache (ops/attention/kv_format.py) against the reference, under
 TRITON_INTERPRET=1 on CPU at small odd shapes: every writer of the cache (write_kv, the fused RoPE +
 cache write, the fused q/k/v projection + RoPE + cache write) stores the reference's e4m3 codes and
-scale bytes, and every reader (the prefill / mixed-batch kernel, the split-KV decode kernel, draft
+scales, and every reader (the prefill / mixed-batch kernel, the split-KV decode kernel, draft
 trees) computes the reference's attention over them: sinks, sliding window, freed (-1) and poisoned
 (NaN) blocks as in the bf16 tests. tests/gpu/test_kv_fp8_gpu.py repeats them at gpt-oss's shapes."""
 

@@ -177,7 +177,7 @@ def test_rejected_drafts_never_reach_the_prefix_cache(narrow: Path, draft: Path)
 def test_a_tree_over_an_fp8_cache_equals_plain_fp8_decoding(narrow: Path, draft: Path) -> None:
     """--kv-cache-dtype fp8 under the EAGLE3 tree: the verify step writes each node's e4m3 codes and
     scales, the accepted nodes' KV moves to the positions after their root (runner.move_kv: codes and
-    scale bytes together), and the draft keeps its own one-layer cache in the model's dtype. A token's
+    scales together), and the draft keeps its own one-layer cache in the model's dtype. A token's
     scale is its own, so the outputs equal the plain FP8 run's token for token."""
     plain_fp8 = run(engine(narrow, kv_cache_dtype="fp8"), workload(), GREEDY)
     eng = with_oracle(engine(narrow, spec_configs(draft)["tree"], kv_cache_dtype="fp8"), plain_fp8)

@@ -3,7 +3,7 @@
 Two layer groups (model/gpt_oss.py): sliding-window layers never need more than the last
 `sliding_window` tokens of a sequence, so their pool is sized for what the running sequences can
 hold at once, and everything else goes to the full-attention layers. `dtype` is the cache's
-(--kv-cache-dtype): the model's, or FP8 with its scale bytes (ops/attention/kv_format.py).
+(--kv-cache-dtype): the model's, or FP8 with its scales (ops/attention/kv_format.py).
 """
 
 from __future__ import annotations

@@ -40,7 +40,7 @@ def interpreting() -> bool:
 @triton.jit(do_not_specialize=["window", "stride_bt"])  # per-step sizes: no recompiles (attention/paged_triton.py)
 def _decode_kernel(
     q_ptr, k_ptr, v_ptr, o_ptr, sinks_ptr, qsl_ptr, seq_lens_ptr, bt_ptr,
-    ks_ptr, vs_ptr,  # FP8: [num_blocks, block_size, kv_heads] scale bytes (else unused)
+    ks_ptr, vs_ptr,  # FP8: [num_blocks, block_size, kv_heads] bf16 scales (else unused)
     part_acc_ptr,  # [B, H, NUM_SPLITS, D] fp32 (only with NUM_SPLITS > 1)
     part_m_ptr, part_l_ptr,  # [B, H, NUM_SPLITS] fp32
     scale_log2e, window,
@@ -118,7 +118,7 @@ def _decode_kernel(
         k = tl.load(k_ptr + k_rows[:, None] + offs_d[None, :], mask=k_ok[:, None], other=0.0)
         if FP8:
             s_rows = blk * stride_sb + in_blk * stride_ss + kvh * stride_sh
-            k_scale = scale_value(tl.load(ks_ptr + s_rows, mask=k_ok, other=0))
+            k_scale = scale_value(tl.load(ks_ptr + s_rows, mask=k_ok, other=0.0))
             qk = tl.dot(q, tl.trans(k.to(q.dtype))) * (k_scale * scale_log2e)[None, :]  # [GROUP_P, N]
         else:
             qk = tl.dot(q, tl.trans(k)) * scale_log2e  # [GROUP_P, N]
@@ -130,7 +130,7 @@ def _decode_kernel(
         v_rows = blk * stride_vb + in_blk * stride_vs + kvh * stride_vh
         v = tl.load(v_ptr + v_rows[:, None] + offs_d[None, :], mask=k_ok[:, None], other=0.0)
         if FP8:
-            v_scale = scale_value(tl.load(vs_ptr + s_rows, mask=k_ok, other=0))
+            v_scale = scale_value(tl.load(vs_ptr + s_rows, mask=k_ok, other=0.0))
             acc = acc * alpha[:, None] + tl.dot((p * v_scale[None, :]).to(q.dtype), v.to(q.dtype))
         else:
             acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)

@@ -1,4 +1,4 @@
-"""The FP8 KV format (kv_format.py) inside Triton kernels: a vector's scale byte, the scale's value,
+"""The FP8 KV format (kv_format.py) inside Triton kernels: a vector's scale, a stored scale's value,
 and e4m3 codes rounded exactly as PyTorch's `.to(torch.float8_e4m3fn)` rounds (to nearest, ties to
 even), for the kernels that write the cache (attention/paged_triton.py, rope/) and read it.
 
@@ -26,22 +26,26 @@ def _pow2(biased):  # noqa: ANN001
 
 
 @triton.jit
-def scale_byte(amax):  # noqa: ANN001
-    """The stored byte s for a vector whose largest magnitude is amax (float32 >= 0): amax's biased
-    exponent less 7, at least 0 (kv_format.scale_bytes)."""
-    return tl.maximum(((amax.to(tl.int32, bitcast=True) >> 23) & 0xFF) - 7, 0)
+def token_scale(amax):  # noqa: ANN001
+    """The scale of a vector whose largest magnitude is amax (float32 >= 0): amax / 448 rounded to
+    bf16 to nearest-even (kv_format.token_scales), returned as float32. The division and the rounding
+    are done exactly (the interpreter's float32 -> bf16 cast truncates; the GPU's division is not
+    IEEE by default)."""
+    bits = tl.math.div_rn(amax, 448.0).to(tl.int32, bitcast=True)
+    return ((bits + 0x7FFF + ((bits >> 16) & 1)) & -65536).to(tl.float32, bitcast=True)
 
 
 @triton.jit
 def scale_value(s):  # noqa: ANN001
-    """2^(s - 127): the factor that decodes a code stored with byte s (0 for s = 0)."""
-    return _pow2(s)
+    """A stored scale (bf16, 0 for a slot never written) as float32: the factor that decodes its codes."""
+    return s.to(tl.float32)
 
 
 @triton.jit
 def to_e4m3(x, s):  # noqa: ANN001
-    """e4m3 codes of x · 2^(127 - s) (x float32, s int broadcastable to it)."""
-    y = tl.minimum(tl.maximum(x * _pow2(254 - s), -448.0), 448.0)
+    """e4m3 codes of x / s (x float32, s a float32 scale broadcastable to it; s = 0: codes 0)."""
+    y = tl.math.div_rn(x, tl.where(s == 0.0, 1.0, s))
+    y = tl.minimum(tl.maximum(y, -448.0), 448.0)
     a = tl.abs(y)
     # e4m3's step at |y|: 2^(floor(log2|y|) - 3) (three mantissa bits), 2^-9 below 2^-6 (subnormals).
     step = tl.maximum(((a.to(tl.int32, bitcast=True) >> 23) & 0xFF) - 3, 118)
@@ -62,5 +66,5 @@ def scale_args(k_scales: torch.Tensor | None, v_scales: torch.Tensor | None, pla
     scales: FP8=False, never read) `placeholder` twice and zero strides."""
     if k_scales is None or v_scales is None:
         return placeholder, placeholder, (0, 0, 0)
-    assert k_scales.stride() == v_scales.stride() and k_scales.dtype == v_scales.dtype == torch.uint8
+    assert k_scales.stride() == v_scales.stride() and k_scales.dtype == v_scales.dtype == torch.bfloat16
     return k_scales, v_scales, (k_scales.stride(0), k_scales.stride(1), k_scales.stride(2))

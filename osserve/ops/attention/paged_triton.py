@@ -13,7 +13,7 @@ Online softmax, in the exp2 domain (scores pre-multiplied by scale * log2(e)):
   per KV tile: m' = max(m, rowmax(qk)); alpha = exp2(m - m'); p = exp2(qk - m')
                l = l * alpha + rowsum(p); acc = acc * alpha + p @ V; m = m'
   out = acc / l.
-An FP8 cache (attention/kv_format.py: e4m3 codes, a power-of-two scale per token and kv head) is read
+An FP8 cache (attention/kv_format.py: e4m3 codes, a bf16 scale per token and kv head) is read
 as codes converted to q's dtype, each key's scale folded into its column of qk (with the softmax
 scale) and each value's into its column of p before p @ V; the write quantises (write_kv_triton,
 the RoPE kernels in ops/rope/).
@@ -27,7 +27,7 @@ import triton.language as tl
 
 from osserve.ops.attention.decode_triton import interpreting as _interpreting
 from osserve.ops.attention.decode_triton import paged_decode_triton
-from osserve.ops.attention.fp8_triton import scale_args, scale_byte, scale_value, to_e4m3
+from osserve.ops.attention.fp8_triton import scale_args, scale_value, to_e4m3, token_scale
 from osserve.ops.attention.metadata import TreeMask
 
 LOG2E = 1.4426950408889634
@@ -39,7 +39,7 @@ def _tiles(
     q, q_pos,  # [M, D], [M] absolute query positions
     start, end,  # key positions [start, end) of this phase, stepped by BLOCK_N
     bt_row, k_base, v_base,  # this sequence's block-table row; K/V pointers at this kv head
-    ks_base, vs_base,  # FP8: the scale bytes' pointers at this kv head
+    ks_base, vs_base,  # FP8: the scales' pointers at this kv head
     scale_log2e, window, stride_kb, stride_ks, stride_vb, stride_vs, stride_sb, stride_ss,
     q_real, tree_bits, tree_start,  # TREE: [M] real positions, [M] int64 ancestor bits, the tree's start
     BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
@@ -72,8 +72,8 @@ def _tiles(
         if FP8:
             s_offs = blk * stride_sb + in_blk * stride_ss
             if MASK:
-                k_scale = scale_value(tl.load(ks_base + s_offs, mask=k_ok, other=0))
-                v_scale = scale_value(tl.load(vs_base + s_offs, mask=k_ok, other=0))
+                k_scale = scale_value(tl.load(ks_base + s_offs, mask=k_ok, other=0.0))
+                v_scale = scale_value(tl.load(vs_base + s_offs, mask=k_ok, other=0.0))
             else:
                 k_scale = scale_value(tl.load(ks_base + s_offs))
                 v_scale = scale_value(tl.load(vs_base + s_offs))
@@ -115,7 +115,7 @@ def _tiles(
 @triton.jit(do_not_specialize=["window", "stride_bt"])
 def _prefill_kernel(
     q_ptr, k_ptr, v_ptr, o_ptr, sinks_ptr,
-    ks_ptr, vs_ptr,  # FP8: [num_blocks, block_size, kv_heads] scale bytes (else unused)
+    ks_ptr, vs_ptr,  # FP8: [num_blocks, block_size, kv_heads] bf16 scales (else unused)
     qsl_ptr,  # [B+1] int32 query_start_loc
     seq_lens_ptr,  # [B] int32
     bt_ptr,  # [B, max_blocks] int32, -1 holes
@@ -123,7 +123,7 @@ def _prefill_kernel(
     scale_log2e, window,
     stride_qt, stride_qh, stride_ot, stride_oh,
     stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh, stride_bt,
-    stride_sb, stride_ss, stride_sh,  # the scale bytes' (K's and V's alike)
+    stride_sb, stride_ss, stride_sh,  # the scales' (K's and V's alike)
     GROUP: tl.constexpr,  # q heads per kv head
     GROUP_P: tl.constexpr,  # GROUP rounded up to a power of two
     BLOCK_Q: tl.constexpr,  # query tokens per tile; the tile's M = BLOCK_Q * GROUP_P rows
@@ -308,7 +308,7 @@ def _write_kv_kernel(
     k_ptr, v_ptr, kc_ptr, vc_ptr, ks_ptr, vs_ptr, slot_ptr,
     stride_kt, stride_vt, stride_kc_slot, stride_vc_slot,
     NUM_KV: tl.constexpr, BLOCK_KV: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
-    FP8: tl.constexpr,  # an FP8 cache: codes and a scale byte per head (attention/kv_format.py)
+    FP8: tl.constexpr,  # an FP8 cache: codes and a scale per head (attention/kv_format.py)
 ):
     t = tl.program_id(0)
     slot = tl.load(slot_ptr + t).to(tl.int64)
@@ -321,12 +321,12 @@ def _write_kv_kernel(
     k = tl.load(k_ptr + t.to(tl.int64) * stride_kt + offs, mask=mask, other=0.0).to(tl.float32)
     v = tl.load(v_ptr + t.to(tl.int64) * stride_vt + offs, mask=mask, other=0.0).to(tl.float32)
     if FP8:
-        ks = scale_byte(tl.max(tl.abs(k), 1))
-        vs = scale_byte(tl.max(tl.abs(v), 1))
+        ks = token_scale(tl.max(tl.abs(k), 1))
+        vs = token_scale(tl.max(tl.abs(v), 1))
         tl.store(kc_ptr + slot * stride_kc_slot + offs, to_e4m3(k, ks[:, None]), mask=mask)
         tl.store(vc_ptr + slot * stride_vc_slot + offs, to_e4m3(v, vs[:, None]), mask=mask)
-        tl.store(ks_ptr + slot * NUM_KV + heads, ks.to(tl.uint8), mask=heads < NUM_KV)
-        tl.store(vs_ptr + slot * NUM_KV + heads, vs.to(tl.uint8), mask=heads < NUM_KV)
+        tl.store(ks_ptr + slot * NUM_KV + heads, ks.to(tl.bfloat16), mask=heads < NUM_KV)
+        tl.store(vs_ptr + slot * NUM_KV + heads, vs.to(tl.bfloat16), mask=heads < NUM_KV)
     else:
         tl.store(kc_ptr + slot * stride_kc_slot + offs, k.to(kc_ptr.dtype.element_ty), mask=mask)
         tl.store(vc_ptr + slot * stride_vc_slot + offs, v.to(vc_ptr.dtype.element_ty), mask=mask)

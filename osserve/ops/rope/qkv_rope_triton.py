@@ -13,7 +13,7 @@ the token's slot (slot −1: not stored).
 
 The projection's values are rounded to the activations' dtype before the rotation, as the
 unfused path's bf16 output is; the rotation is rope_triton's, in float32. An FP8 cache takes e4m3
-codes and a scale byte per (token, head) of those float32 values (attention/kv_format.py).
+codes and a scale per (token, head) of those float32 values (attention/kv_format.py).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import torch
 import triton
 import triton.language as tl
 
-from osserve.ops.attention.fp8_triton import scale_args, scale_byte, to_e4m3
+from osserve.ops.attention.fp8_triton import scale_args, to_e4m3, token_scale
 from osserve.ops.linear.small_m_triton import (
     DEFAULT_CONFIG,
     MAX_TOKENS,
@@ -88,11 +88,11 @@ def _qkv_rope_cache_kernel(
             kv_head = head - NUM_Q - NUM_KV
             dst = vc_ptr + (blk * svc_b + off * svc_o)[None, :] + kv_head * svc_h + rh[:, None]
             scale_dst = vs_ptr
-        if FP8:  # a scale byte per token column (attention/kv_format.py)
-            sb = scale_byte(tl.maximum(tl.max(tl.abs(y1), 0), tl.max(tl.abs(y2), 0)))  # [BLOCK_M]
-            tl.store(dst, to_e4m3(y1, sb[None, :]), mask=ok)
-            tl.store(dst + HALF, to_e4m3(y2, sb[None, :]), mask=ok)
-            tl.store(scale_dst + blk * ss_b + off * ss_o + kv_head * ss_h, sb.to(tl.uint8), mask=m_ok & (slot >= 0))
+        if FP8:  # a scale per token column (attention/kv_format.py)
+            sc = token_scale(tl.maximum(tl.max(tl.abs(y1), 0), tl.max(tl.abs(y2), 0)))  # [BLOCK_M]
+            tl.store(dst, to_e4m3(y1, sc[None, :]), mask=ok)
+            tl.store(dst + HALF, to_e4m3(y2, sc[None, :]), mask=ok)
+            tl.store(scale_dst + blk * ss_b + off * ss_o + kv_head * ss_h, sc.to(tl.bfloat16), mask=m_ok & (slot >= 0))
         else:
             tl.store(dst, y1.to(kc_ptr.dtype.element_ty), mask=ok)
             tl.store(dst + HALF, y2.to(kc_ptr.dtype.element_ty), mask=ok)

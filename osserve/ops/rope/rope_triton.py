@@ -5,7 +5,7 @@ load-time `RopeTable` [max_positions, D/2] by position), rotates all q heads and
 (rotate-half: x1' = x1·c − x2·s, x2' = x2·c + x1·s), writes the rotated q and k, and stores the
 rotated k and the untouched v at the token's cache slot (slot −1: not stored). This replaces the
 unfused sequence cos/sin gather → 2× apply_rope (≈6 elementwise kernels each) → index_copy ×2.
-An FP8 cache takes e4m3 codes and a scale byte per head, from the rotated k in float32
+An FP8 cache takes e4m3 codes and a scale per head, from the rotated k in float32
 (attention/kv_format.py).
 """
 
@@ -15,7 +15,7 @@ import torch
 import triton
 import triton.language as tl
 
-from osserve.ops.attention.fp8_triton import scale_args, scale_byte, to_e4m3
+from osserve.ops.attention.fp8_triton import scale_args, to_e4m3, token_scale
 
 
 @triton.jit
@@ -43,7 +43,7 @@ def _rope_cache_kernel(
     kc_ptr, vc_ptr, ks_ptr, vs_ptr,
     sq_t, sq_h, sk_t, sk_h, sv_t, sv_h, sqo_t, sqo_h, sko_t, sko_h,  # token / head strides
     skc_b, skc_o, skc_h, svc_b, svc_o, svc_h,  # cache strides: block, offset in block, head
-    ss_b, ss_o, ss_h,  # FP8: the scale bytes' strides (K's and V's alike)
+    ss_b, ss_o, ss_h,  # FP8: the scales' strides (K's and V's alike)
     block_size, table_stride,
     NUM_Q: tl.constexpr, NUM_KV: tl.constexpr, HALF: tl.constexpr,
     BLOCK_Q: tl.constexpr, BLOCK_KV: tl.constexpr, BLOCK_HALF: tl.constexpr,
@@ -77,16 +77,16 @@ def _rope_cache_kernel(
         if FP8:
             v1 = v1.to(tl.float32)
             v2 = v2.to(tl.float32)
-            ks = scale_byte(tl.maximum(tl.max(tl.abs(k1), 1), tl.max(tl.abs(k2), 1)))[:, None]  # [KV, 1]
-            vs = scale_byte(tl.maximum(tl.max(tl.abs(v1), 1), tl.max(tl.abs(v2), 1)))[:, None]
+            ks = token_scale(tl.maximum(tl.max(tl.abs(k1), 1), tl.max(tl.abs(k2), 1)))[:, None]  # [KV, 1]
+            vs = token_scale(tl.maximum(tl.max(tl.abs(v1), 1), tl.max(tl.abs(v2), 1)))[:, None]
             tl.store(kc, to_e4m3(k1, ks), mask=kmask)
             tl.store(kc + HALF, to_e4m3(k2, ks), mask=kmask)
             tl.store(vc, to_e4m3(v1, vs), mask=kmask)
             tl.store(vc + HALF, to_e4m3(v2, vs), mask=kmask)
             s_off = blk * ss_b + off * ss_o + heads * ss_h
             head_ok = heads < NUM_KV
-            tl.store(ks_ptr + s_off, ks.to(tl.uint8), mask=head_ok)
-            tl.store(vs_ptr + s_off, vs.to(tl.uint8), mask=head_ok)
+            tl.store(ks_ptr + s_off, ks.to(tl.bfloat16), mask=head_ok)
+            tl.store(vs_ptr + s_off, vs.to(tl.bfloat16), mask=head_ok)
         else:
             tl.store(kc, k1.to(kc_ptr.dtype.element_ty), mask=kmask)
             tl.store(kc + HALF, k2.to(kc_ptr.dtype.element_ty), mask=kmask)
