@@ -8,20 +8,22 @@
 #      serve --load-format dummy --preset PRESET`, bf16 (the default cache) then --kv-cache-dtype fp8:
 #        osserve bench serve --endpoint completions --dataset random --input-len 1000 --max-tokens 1024 \
 #            --ignore-eos --concurrency 256
-#      (768 requests for the 20b, 512 for the 120b), each server's KV capacity from its memory-plan line.
+#      (3 requests a stream for the 20b: 768 at c=256; 2 for the 120b: 512), each server's KV capacity
+#      from its memory-plan line; one server per cache dtype serves every concurrency in CONCURRENCY.
 # A table of the serving runs is printed last.
-#   [GPU_UTIL=0.97] [MAX_SEQS=256] [CONCURRENCY=256] [N=512] [STAGES="tests offline serve"] \
-#       bash benchmarks/kv_fp8_gpu.sh PRESET     (carry .whl)
+#   [GPU_UTIL=0.97] [MAX_SEQS=256] [CONCURRENCY="256 512"] [PER_STREAM=2] [STAGES="tests offline serve"] \
+#       [KV_DTYPES="auto fp8"] [SERVER_ARGS="..."] bash benchmarks/kv_fp8_gpu.sh PRESET     (carry .whl)
 # Defaults follow the issue: the 120b at --gpu-memory-utilization 0.97 on an H100 (0.95 with
-# MAX_SEQS=512 CONCURRENCY=512 on an H200), the 20b at 0.90. Not yet run: expect ~8 minutes for the 20b;
-# the 120b's two servers take longer to load (STAGES=serve for a call of their own).
+# MAX_SEQS=512 CONCURRENCY="256 512" on an H200), the 20b at 0.90. On an H100 (2026-11-25) the 20b's
+# tests and offline stages took ~2 minutes, the 120b's two servers at c=256 ~7 minutes.
 set -u
 PRESET=${1:-20b}
 source benchmarks/gpu_env.sh
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 STAGES=${STAGES:-"tests offline serve"}
-if [ "$PRESET" = 120b ]; then DEFAULT_UTIL=0.97; DEFAULT_N=512; else DEFAULT_UTIL=0.90; DEFAULT_N=768; fi
-GPU_UTIL=${GPU_UTIL:-$DEFAULT_UTIL}; N=${N:-$DEFAULT_N}; MAX_SEQS=${MAX_SEQS:-256}; CONCURRENCY=${CONCURRENCY:-256}
+if [ "$PRESET" = 120b ]; then DEFAULT_UTIL=0.97; DEFAULT_PER=2; else DEFAULT_UTIL=0.90; DEFAULT_PER=3; fi
+GPU_UTIL=${GPU_UTIL:-$DEFAULT_UTIL}; PER_STREAM=${PER_STREAM:-$DEFAULT_PER}; MAX_SEQS=${MAX_SEQS:-256}
+CONCURRENCY=${CONCURRENCY:-256}; SERVER_ARGS=${SERVER_ARGS:-}
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
 
 if [[ " $STAGES " == *" tests "* ]]; then
@@ -37,29 +39,36 @@ fi
 
 TABLE="$OUT/kv-fp8-serve-$PRESET.txt"
 : > "$TABLE"
-for kv in auto fp8; do
+for kv in ${KV_DTYPES:-auto fp8}; do
     log="$OUT/server-kv-$kv-$PRESET.log"
+    # shellcheck disable=SC2086  # SERVER_ARGS are words
     python3 -m osserve.cli serve --load-format dummy --preset "$PRESET" --port 8000 --max-model-len 4096 \
-        --max-num-seqs "$MAX_SEQS" --gpu-memory-utilization "$GPU_UTIL" --kv-cache-dtype "$kv" > "$log" 2>&1 &
+        --max-num-seqs "$MAX_SEQS" --gpu-memory-utilization "$GPU_UTIL" --kv-cache-dtype "$kv" $SERVER_ARGS \
+        > "$log" 2>&1 &
     server=$!
     wait_for_server $server "$log"
-    kv_tokens=$(grep -oE "KV cache: [0-9,]+ tokens" "$log" | tail -1 | grep -oE "[0-9,]+")
-    grep -i "memory plan" "$log" | tail -1
-    python3 -m osserve.cli bench serve --base-url http://127.0.0.1:8000 --model "gpt-oss-$PRESET" \
-        --endpoint completions --dataset random --input-len 1000 --max-tokens 1024 --ignore-eos \
-        --concurrency "$CONCURRENCY" --num-requests "$N" --timeout 540 \
-        --output-json "$OUT/kv-$kv-$PRESET.json" | grep -E "completed|output token|TTFT|ITL"
-    python3 - "$OUT/kv-$kv-$PRESET.json" "$kv" "$kv_tokens" >> "$TABLE" <<'EOF'
+    kv_tokens=$(grep -oE "[0-9]+ full-attention tokens" "$log" | tail -1 | grep -oE "[0-9]+")
+    grep -E "memory plan|scheduler:" "$log" | sed 's/^.* INFO osserve: //' | tail -2
+    for c in $CONCURRENCY; do
+        n=$((c * PER_STREAM))
+        python3 -m osserve.cli bench serve --base-url http://127.0.0.1:8000 --model "gpt-oss-$PRESET" \
+            --endpoint completions --dataset random --input-len 1000 --max-tokens 1024 --ignore-eos \
+            --concurrency "$c" --num-requests "$n" --timeout 540 \
+            --output-json "$OUT/kv-$kv-$PRESET-c$c.json" | grep -E "completed|output token|TTFT|ITL"
+        python3 - "$OUT/kv-$kv-$PRESET-c$c.json" "$kv" "$kv_tokens" "$c" "$n" >> "$TABLE" <<'EOF'
 import json, sys
 s = json.load(open(sys.argv[1]))["runs"][0]["summary"]
-print(f"| {sys.argv[2]} | {sys.argv[3]} | {s['completed']} / {s['failed']} | {s['output_throughput']:,.0f} | "
-      f"{s['ttft_ms']['p50'] / 1000:.2f} / {s['ttft_ms']['p99'] / 1000:.2f} | {s['itl_ms']['p99']:.0f} |")
+print(f"| {sys.argv[2]} | {int(sys.argv[3]):,} | {sys.argv[4]} ({sys.argv[5]}) | {s['completed']} / {s['failed']} | "
+      f"{s['output_throughput']:,.0f} | {s['ttft_ms']['p50'] / 1000:.2f} / {s['ttft_ms']['p99'] / 1000:.2f} | "
+      f"{s['itl_ms']['p99']:.0f} |")
 EOF
+    done
+    grep "engine: " "$log" | tail -1
     kill $server; wait $server 2>/dev/null
     sleep 3  # the port and the GPU's memory free again
 done
 echo
-echo "gpt-oss-$PRESET (dummy), 1k in / 1k out, concurrency $CONCURRENCY, $N requests, --gpu-memory-utilization $GPU_UTIL, --max-num-seqs $MAX_SEQS"
-echo "| --kv-cache-dtype | KV tokens | completed / failed | out tok/s | TTFT p50 / p99 s | ITL p99 ms |"
-echo "|---|---|---|---|---|---|"
+echo "gpt-oss-$PRESET (dummy), 1k in / 1k out, --gpu-memory-utilization $GPU_UTIL, --max-num-seqs $MAX_SEQS $SERVER_ARGS"
+echo "| --kv-cache-dtype | KV tokens | concurrency (requests) | completed / failed | out tok/s | TTFT p50 / p99 s | ITL p99 ms |"
+echo "|---|---|---|---|---|---|---|"
 cat "$TABLE"

@@ -123,13 +123,17 @@ def test_write_kv_stores_the_reference_bytes() -> None:
 
 
 def close_cache(ours: KVCache, ref: KVCache) -> None:
-    """Decoded caches within one e4m3 step (the kernels rotate in float32, the reference in bf16: a
-    value that moves by bf16's rounding crosses an e4m3 rounding boundary about once in ten)."""
+    """Decoded caches within one e4m3 step plus the reference's bf16 rotation error (the kernels rotate
+    in float32; apply_rope rounds cos and sin, both products and their sum to bf16, 2^-9 each on
+    terms up to YaRN's concentration times the largest input, so an element that cancels keeps up to
+    ~5 * 2^-9 of the vector's largest; a value that moves by it crosses an e4m3 rounding boundary
+    about once in ten). Measured on an H100 (2026-11-25): the worst excess 5.0e-3 at t=2048."""
     for codes, scales, ref_codes, ref_scales in ((ours.k, ours.k_scales, ref.k, ref.k_scales),
                                                  (ours.v, ours.v_scales, ref.v, ref.v_scales)):
         got, want = dequantize_reference(codes, scales), dequantize_reference(ref_codes, ref_scales)  # type: ignore[arg-type]
-        amax = want.abs().amax(-1, keepdim=True)
-        assert ((got - want).abs() <= 2**-3 * want.abs() + amax * 2**-10).all()
+        amax = want.abs().amax(-1, keepdim=True).clamp_min(2**-126)  # empty slots: zeros on both sides
+        excess = ((got - want).abs() - 2**-3 * want.abs()) / amax  # beyond one e4m3 step, in the largest's units
+        assert (excess <= 2**-6).all(), f"worst excess {excess.max().item():.2e} of the largest element"
         assert (codes.view(torch.uint8) == ref_codes.view(torch.uint8)).float().mean().item() > 0.8
 
 
