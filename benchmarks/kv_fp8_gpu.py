@@ -14,7 +14,7 @@ accuracy: the dummy model of PRESET (random weights of the real shapes), its dec
 kernels: paged attention at gpt-oss's shapes, decode (CUDA-graph replays) at batch 1 / 32 / 128 / 256
   and 1k / 2k / 8k contexts, full and sliding, and prefill 8 x 2048: microseconds, bf16 vs FP8.
 
-    PYTHONPATH=. python3 benchmarks/kv_fp8_gpu.py [--preset 20b|120b] [--skip-accuracy] [--json OUT]
+    PYTHONPATH=. python3 benchmarks/kv_fp8_gpu.py [--preset 20b|120b] [--skip-accuracy] [--skip-kernels] [--json OUT]
 """
 
 from __future__ import annotations
@@ -126,6 +126,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--preset", default="20b", choices=("tiny", "20b", "120b"))
     ap.add_argument("--skip-accuracy", action="store_true")
+    ap.add_argument("--skip-kernels", action="store_true")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     print(f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}, triton {triton.__version__}")
@@ -135,7 +136,7 @@ def main() -> None:
         result["accuracy"] = acc
         print(f"accuracy, dummy {args.preset}, FP8 vs bf16 KV over {len(LENGTHS)} x 64 decode steps: relative logit "
               f"error median {acc['median']:.4f}, p99 {acc['p99']:.4f}; same argmax {acc['same_argmax']:.3f}")
-    rows = kernels()
+    rows = [] if args.skip_kernels else kernels()
     result["kernels"] = rows
     print("\n| attention | batch | context | layer | bf16 us | fp8 us | fp8 / bf16 |\n|---|---|---|---|---|---|---|")
     for r in rows:
