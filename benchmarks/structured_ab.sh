@@ -1,32 +1,43 @@
 #!/usr/bin/env bash
 # Structured outputs' cost on the lent GPU, same call: the engine at batch 1 and 32
 # (bench_structured.py), then serving at c=256 with every request asking for a JSON schema against
-# none, alternating on one server. Tables printed last.
-#   [PRESET=20b] [N=1024] bash benchmarks/structured_ab.sh   (carry .whl)
+# none, alternating on one server (plain, json, plain, json: the first json round also pays the
+# schema's first compile). With MASK_THREADS="8 1" the serving part runs once per llguidance
+# mask-thread count (OSSERVE_MASK_THREADS), a server each. Tables printed last.
+#   [PRESET=20b] [N=1024] [SKIP_ENGINE=1] [MASK_THREADS="8 1"] bash benchmarks/structured_ab.sh   (carry .whl)
 set -u
-PRESET=${PRESET:-20b}; N=${N:-1024}
+PRESET=${PRESET:-20b}; N=${N:-1024}; MASK_THREADS=${MASK_THREADS:-default}
 source benchmarks/gpu_env.sh
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-python3 benchmarks/bench_structured.py --preset "$PRESET" --out "$OUT/structured-engine.json" > "$OUT/engine.log" 2>&1 \
-    || { tail -30 "$OUT/engine.log"; exit 1; }
+if [ -z "${SKIP_ENGINE:-}" ]; then
+    python3 benchmarks/bench_structured.py --preset "$PRESET" --out "$OUT/structured-engine.json" > "$OUT/engine.log" 2>&1 \
+        || { tail -30 "$OUT/engine.log"; exit 1; }
+fi
 python3 -c "import json; from benchmarks.bench_structured import SCHEMA; print(json.dumps(SCHEMA))" > /tmp/schema.json
-python3 -m osserve.cli serve --load-format dummy --preset "$PRESET" --port 8000 --max-num-seqs 256 \
-    --max-model-len 4096 --max-num-batched-tokens 8192 > "$OUT/server.log" 2>&1 &
-server=$!
-wait_for_server $server "$OUT/server.log"
 TABLE="$OUT/structured-serve.txt"; : > "$TABLE"
-for run in plain json plain json; do
-    extra=(); [ "$run" = json ] && extra=(--json-schema /tmp/schema.json)
-    result=$(python3 -m osserve.bench.serve --base-url http://127.0.0.1:8000 --model "gpt-oss-$PRESET" \
-        --endpoint chat --num-requests "$N" --concurrency 256 --max-tokens 256 --ignore-eos --timeout 200 \
-        --prompt "Explain quantum mechanics in one paragraph." "${extra[@]}" --output-json "$OUT/serve-$run.json")
-    tok=$(echo "$result" | grep "output token throughput" | grep -oE "[0-9]+\.[0-9]+" | head -1)
-    ttft=$(echo "$result" | grep "TTFT ms" | grep -oE "[0-9]+\.[0-9]+" | sed -n 2,4p | tr '\n' ' ')
-    failed=$(echo "$result" | grep "completed / failed" | grep -oE "[0-9]+ / [0-9]+")
-    printf "| %s | %s | %s | %s |\n" "$run" "$tok" "$ttft" "$failed" >> "$TABLE"
+for threads in $MASK_THREADS; do
+    log="$OUT/server-threads-$threads.log"
+    env_threads=(); [ "$threads" != default ] && env_threads=(OSSERVE_MASK_THREADS="$threads")
+    env "${env_threads[@]}" python3 -m osserve.cli serve --load-format dummy --preset "$PRESET" --port 8000 \
+        --max-num-seqs 256 --max-model-len 4096 --max-num-batched-tokens 8192 > "$log" 2>&1 &
+    server=$!
+    wait_for_server $server "$log"
+    for run in plain json plain json; do
+        extra=(); [ "$run" = json ] && extra=(--json-schema /tmp/schema.json)
+        result=$(python3 -m osserve.bench.serve --base-url http://127.0.0.1:8000 --model "gpt-oss-$PRESET" \
+            --endpoint chat --num-requests "$N" --concurrency 256 --max-tokens 256 --ignore-eos --timeout 200 \
+            --prompt "Explain quantum mechanics in one paragraph." "${extra[@]}" \
+            --output-json "$OUT/serve-$threads-$run.json")
+        tok=$(echo "$result" | grep "output token throughput" | grep -oE "[0-9]+\.[0-9]+" | head -1)
+        ttft=$(echo "$result" | grep "TTFT ms" | grep -oE "[0-9]+\.[0-9]+" | sed -n 2,4p | tr '\n' ' ')
+        failed=$(echo "$result" | grep "completed / failed" | grep -oE "[0-9]+ / [0-9]+")
+        printf "| %s | %s | %s | %s | %s |\n" "$threads" "$run" "$tok" "$ttft" "$failed" >> "$TABLE"
+    done
+    grep "engine: " "$log" | tail -1
+    kill $server; wait $server 2>/dev/null
+    sleep 3  # the port and the GPU's memory free again
 done
-grep "engine: " "$OUT/server.log" | tail -1
-kill $server; wait $server 2>/dev/null
-tail -14 "$OUT/engine.log"
-echo "| serving c=256, $N requests, 256 out | output tok/s | TTFT p50 p90 p99 ms | completed / failed |"
+[ -z "${SKIP_ENGINE:-}" ] && tail -14 "$OUT/engine.log"
+echo "| mask threads | serving c=256, $N requests, 256 out | output tok/s | TTFT p50 p90 p99 ms | completed / failed |"
+echo "|---|---|---|---|---|"
 cat "$TABLE"

@@ -36,8 +36,9 @@ if TYPE_CHECKING:
 
 CACHE_SIZE = 256  # compiled grammars kept (a few hundred KB each at most, their shared masks 25 KB each)
 # llguidance's mask threads: half the cores, at most 8. Its default (80% of the cores) contends with
-# the HTTP processes and the engine's own thread on a serving host.
-MASK_THREADS = max(1, min(8, (os.cpu_count() or 2) // 2))
+# the HTTP processes and the engine's own thread on a serving host. OSSERVE_MASK_THREADS overrides it
+# (read once at import; benchmarks/structured_ab.sh compares settings).
+MASK_THREADS = int(os.environ.get("OSSERVE_MASK_THREADS", 0)) or max(1, min(8, (os.cpu_count() or 2) // 2))
 
 
 STOPPED = b""  # the key of a finished grammar's mask (a free channel's key is its name, never empty)
