@@ -39,7 +39,7 @@ from __future__ import annotations
 import itertools
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -51,6 +51,7 @@ from osserve.engine.core.outputs import CompletionDelta, EngineStats, TokenLogpr
 from osserve.engine.core.request import PENDING_TOKEN, Request
 from osserve.engine.core.sampling_params import SamplingParams
 from osserve.engine.core.scheduler import Scheduler, SchedulerOutput
+from osserve.engine.in_flight import InFlightStep, can_run_ahead, start_host_copy
 from osserve.engine.step_profile import StepProfile
 from osserve.engine.worker.runner import BatchEntry, ModelRunner
 from osserve.engine.worker.sampler import Sampler, SamplerOutput, SamplingBatch
@@ -72,28 +73,6 @@ class EngineParts:
     kv: KVCacheManager
     tokenizer: Tokenizer
     speculative: SpeculativeDecoder | None = None
-
-
-@dataclass
-class InFlightStep:
-    """A launched step whose sampled ids have not been read on the host yet."""
-
-    out: SchedulerOutput
-    rows: dict[str, int]  # request id -> its row of token_ids
-    requests: list[Request]  # in row order (an id may come back later: `_collect` checks which)
-    token_ids: torch.Tensor  # [S] on the device: the next step's decode inputs read it there
-    host_ids: torch.Tensor  # [S] the same, copied without blocking (pinned on a GPU)
-    copied: torch.cuda.Event | None  # marks the copy's end on a GPU
-    profile: tuple[float, float, bool]  # (schedule s, launch s, has a prefill) of its launch
-    grammar_dead: set[str] = field(default_factory=set)  # requests whose grammar allowed no token here
-    sampled: Mapping[str, int | list[int]] | None = None  # its ids on the host, once read (_collect)
-
-
-def can_run_ahead(params: SamplingParams, num_output_tokens: int) -> bool:
-    """The request's next token can be sampled before its last one reaches the host."""
-    return (params.repetition_penalty == 1.0 and params.frequency_penalty == 0.0
-            and params.presence_penalty == 0.0 and params.logprobs is None
-            and params.forced_token_ids is None and num_output_tokens >= params.min_tokens)
 
 
 class LLMEngine:
@@ -264,7 +243,7 @@ class LLMEngine:
         self.prompt_tokens_total += prompt_tokens
         t2 = time.perf_counter()
         has_prefill = any(s.num_new_tokens > 1 for s in out.scheduled)
-        step = self._in_flight(out, rows, result, (t1 - t0, t2 - t1, has_prefill), on_host)
+        step = start_host_copy(out, rows, result, (t1 - t0, t2 - t1, has_prefill), on_host)
         if masks is not None:
             step.grammar_dead = {rows[i].request_id for i in masks.dead}
         deltas = self._finish(prev) if prev is not None else []
@@ -358,7 +337,7 @@ class LLMEngine:
         else:
             by_id = {}
         plain_rows = [rows[i] for i in plain]
-        flight = self._in_flight(out, plain_rows, result, (t1 - t0, time.perf_counter() - t1, True))
+        flight = start_host_copy(out, plain_rows, result, (t1 - t0, time.perf_counter() - t1, True))
         plain_ids = result.token_ids.tolist() if result is not None else []
         sampled.update((r.request_id, t) for r, t in zip(plain_rows, plain_ids, strict=True))
         flight.sampled = sampled
@@ -413,24 +392,6 @@ class LLMEngine:
             token_masks=token_masks,
         )
         return self.sampler.sample(logits, batch, greedy)
-
-    def _in_flight(self, out: SchedulerOutput, rows: list[Request], result: SamplerOutput | None,
-                   profile: tuple[float, float, bool], on_host: torch.Tensor | None = None) -> InFlightStep:
-        """Start copying the sampled ids to the host without waiting for them. on_host: the ids in
-        pinned host memory, written by the step itself (no copy; the event marks the step's end)."""
-        ids = result.token_ids if result is not None else torch.empty(0, dtype=torch.int64)
-        copied = None
-        if ids.is_cuda:
-            if on_host is not None:
-                host = on_host
-            else:
-                host = torch.empty(ids.shape, dtype=ids.dtype, pin_memory=True)
-                host.copy_(ids, non_blocking=True)
-            copied = torch.cuda.Event()
-            copied.record()
-        else:
-            host = ids
-        return InFlightStep(out, {r.request_id: i for i, r in enumerate(rows)}, rows, ids, host, copied, profile)
 
     def _finish(self, step: InFlightStep, result: SamplerOutput | None = None) -> list[CompletionDelta]:
         """Wait for a step's tokens on the host; update the requests; turn tokens into deltas.
