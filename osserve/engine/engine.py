@@ -25,10 +25,9 @@ step's forward is launched first, then that step's tokens are read and fed to th
 the masks are filled: the GPU is never idle for the grammar, the host waits once per step.
 
 With speculative decoding (speculative/decoder.py) a step in which some request holds or wants
-drafts runs `_spec_step`: the target verifies each request's drafts in the one forward, the tokens
-it keeps come back (one or more a request), a draft tree's accepted branch has its KV moved into
-place, and the proposer drafts the next step's tokens. Such steps are synchronous (the step in
-flight is finished first): the accepted counts decide the next step.
+drafts is a speculative step instead (engine/speculative_step.py: verify the drafts, keep one or
+more tokens a request, draft the next ones). Such steps are synchronous: the step in flight is
+finished first, as the accepted counts decide the next step.
 
 AsyncEngine (engine/async_engine.py) runs this loop in a thread for the server; LLM
 (engine/llm.py) drives it directly for offline use.
@@ -41,7 +40,6 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-import numpy as np
 import torch
 
 from osserve.config import CacheConfig, ModelConfig, SchedulerConfig
@@ -52,6 +50,7 @@ from osserve.engine.core.request import PENDING_TOKEN, Request
 from osserve.engine.core.sampling_params import SamplingParams
 from osserve.engine.core.scheduler import Scheduler, SchedulerOutput
 from osserve.engine.in_flight import InFlightStep, can_run_ahead, start_host_copy
+from osserve.engine.speculative_step import speculates_next, speculative_step, verify_entry
 from osserve.engine.step_profile import StepProfile
 from osserve.engine.worker.runner import BatchEntry, ModelRunner
 from osserve.engine.worker.sampler import Sampler, SamplerOutput, SamplingBatch
@@ -206,7 +205,7 @@ class LLMEngine:
         return deltas
 
     def _step(self) -> list[CompletionDelta]:
-        if self.spec is not None and self._spec_engaged():
+        if self.spec is not None and speculates_next(self, self.spec):
             flight = self.in_flight
             if flight is None:
                 return self._spec_step()
@@ -261,7 +260,7 @@ class LLMEngine:
         for s in out.scheduled:
             req = requests[s.request_id]
             if s.num_drafts:
-                entries.append(self._verify_entry(req, s.start, s.block_tables))
+                entries.append(verify_entry(req, s.start, s.block_tables))
                 rows.append(req)
                 continue
             end = s.start + s.num_new_tokens
@@ -277,78 +276,10 @@ class LLMEngine:
                 prompt_tokens += min(end, req.num_prompt_tokens) - s.start
         return entries, rows, prompt_tokens
 
-    @staticmethod
-    def _verify_entry(req: Request, start: int, tables: dict[str, list[int]]) -> BatchEntry:
-        """A request's last token (the root) and its drafts, verified in one chunk."""
-        tree = req.drafts
-        assert tree is not None
-        chain = tree.is_chain
-        return BatchEntry([req.token_at(start), *tree.tokens], start, tables, True, num_drafts=len(tree),
-                          draft_depths=None if chain else tree.depths(),
-                          tree_bits=None if chain else tree.attention_bits())
-
-    # ------------------------------------------------------------------ speculative decoding
-    def _spec_engaged(self) -> bool:
-        """Whether the next step speculates; drafts left from the last speculative step are
-        dropped when it does not (they were meant for a step that verifies them)."""
-        assert self.spec is not None
-        sched = self.scheduler
-        free = max(0, self.scheduler_config.max_num_seqs - len(sched.running))
-        engaged = self.spec.engaged(sched.running, list(itertools.islice(sched.waiting, free)))
-        if self.speculating and not engaged:
-            for r in sched.running:
-                r.drafts = None
-        self.speculating = engaged
-        return engaged
-
     def _spec_step(self) -> list[CompletionDelta]:
-        """One step of speculative decoding (module docstring); requests without drafts sample
-        their one token through the sampler as in any step (grammars, penalties, logprobs)."""
-        spec = self.spec
-        assert spec is not None
-        t0 = time.perf_counter()
-        out = self.scheduler.schedule(lookahead=spec.lookahead)
-        if not out.scheduled:
-            return []
-        t1 = time.perf_counter()
-        entries, rows, prompt_tokens = self._batch(out, None)
-        trees = {r.request_id: r.drafts for r in rows if r.drafts is not None}
-        step = self.runner.run(entries, None, out.block_copies, speculative=True, capture=spec.capture_layers)
-        self.scheduler.advance(out)
-        self.prompt_tokens_total += prompt_tokens
-        first, k = [], 0  # each sampling request's first logits row: its root's
-        for r in rows:
-            first.append(k)
-            k += 1 + (len(r.drafts) if r.drafts is not None else 0)
-        plain = [i for i, r in enumerate(rows) if r.drafts is None]
-        drafting = [i for i, r in enumerate(rows) if r.drafts is not None]
-        masks = self.grammars.masks([rows[i].request_id for i in plain]) if self.grammars.states else None
-        index = torch.tensor([first[i] for i in plain], dtype=torch.int64, device=step.logits.device)
-        result = self._launch_sample([rows[i] for i in plain], step.logits[index], None,
-                                     (masks.rows, masks.bits) if masks is not None else None)
-        sampled: dict[str, int | list[int]] = {}
-        if drafting:
-            index = torch.tensor([j for i in drafting for j in range(first[i], first[i] + 1 + len(trees[
-                rows[i].request_id]))], dtype=torch.int64, device=step.logits.device)
-            verdicts = spec.verify(step.logits[index], [rows[i] for i in drafting], self.generators)
-            by_id = {rows[i].request_id: v for i, v in zip(drafting, verdicts, strict=True)}
-            sampled.update((rid, v.tokens) for rid, v in by_id.items())
-            self.runner.move_kv(spec.kv_moves(out, by_id, trees))
-        else:
-            by_id = {}
-        plain_rows = [rows[i] for i in plain]
-        flight = start_host_copy(out, plain_rows, result, (t1 - t0, time.perf_counter() - t1, True))
-        plain_ids = result.token_ids.tolist() if result is not None else []
-        sampled.update((r.request_id, t) for r, t in zip(plain_rows, plain_ids, strict=True))
-        flight.sampled = sampled
-        if self.grammars.states:
-            flight.grammar_dead = {plain_rows[i].request_id for i in masks.dead} if masks is not None else set()
-            flight.grammar_dead |= self.grammars.accept({r.request_id: t for r, t in zip(plain_rows, plain_ids,
-                                                                                         strict=True)})
-        deltas = self._finish(flight, result)
-        offsets = step.entry_rows or np.cumsum([0] + [len(e.token_ids) for e in entries[:-1]]).tolist()
-        spec.propose(out, offsets, by_id, step.aux_hidden if spec.capture_layers else step.hidden, self.requests)
-        return deltas
+        """One speculative step (engine/speculative_step.py): a method for bench_spec.py to time."""
+        assert self.spec is not None
+        return speculative_step(self, self.spec)
 
     def _can_overlap(self, ending: set[str]) -> bool:
         """The next step may be launched before the one in flight is read: it will be decodes
