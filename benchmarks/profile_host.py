@@ -26,8 +26,9 @@ import torch
 
 from benchmarks.host_stub import build_host_only_engine, process_step_message
 from osserve.engine.core.sampling_params import SamplingParams
-from osserve.engine.engine import LLMEngine, StepProfile
+from osserve.engine.engine import LLMEngine
 from osserve.engine.load import EngineArgs, build_engine
+from osserve.engine.step_profile import StepProfile
 
 
 def fill(engine: LLMEngine, batch: int, prompt_len: int, max_tokens: int) -> None:

@@ -26,8 +26,9 @@ from collections import defaultdict
 import torch
 
 from osserve.engine.core.sampling_params import SamplingParams
-from osserve.engine.engine import LLMEngine, StepProfile
+from osserve.engine.engine import LLMEngine
 from osserve.engine.load import EngineArgs, build_engine
+from osserve.engine.step_profile import StepProfile
 from osserve.harmony.render import ChatMessage, render_chat
 from osserve.server.generation import sampling_params
 

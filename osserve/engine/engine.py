@@ -25,10 +25,9 @@ step's forward is launched first, then that step's tokens are read and fed to th
 the masks are filled: the GPU is never idle for the grammar, the host waits once per step.
 
 With speculative decoding (speculative/decoder.py) a step in which some request holds or wants
-drafts runs `_spec_step`: the target verifies each request's drafts in the one forward, the tokens
-it keeps come back (one or more a request), a draft tree's accepted branch has its KV moved into
-place, and the proposer drafts the next step's tokens. Such steps are synchronous (the step in
-flight is finished first): the accepted counts decide the next step.
+drafts is a speculative step instead (engine/speculative_step.py: verify the drafts, keep one or
+more tokens a request, draft the next ones). Such steps are synchronous: the step in flight is
+finished first, as the accepted counts decide the next step.
 
 AsyncEngine (engine/async_engine.py) runs this loop in a thread for the server; LLM
 (engine/llm.py) drives it directly for offline use.
@@ -39,9 +38,8 @@ from __future__ import annotations
 import itertools
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-import numpy as np
 import torch
 
 from osserve.config import CacheConfig, ModelConfig, SchedulerConfig
@@ -51,6 +49,9 @@ from osserve.engine.core.outputs import CompletionDelta, EngineStats, TokenLogpr
 from osserve.engine.core.request import PENDING_TOKEN, Request
 from osserve.engine.core.sampling_params import SamplingParams
 from osserve.engine.core.scheduler import Scheduler, SchedulerOutput
+from osserve.engine.in_flight import InFlightStep, can_run_ahead, start_host_copy
+from osserve.engine.speculative_step import speculates_next, speculative_step, verify_entry
+from osserve.engine.step_profile import StepProfile
 from osserve.engine.worker.runner import BatchEntry, ModelRunner
 from osserve.engine.worker.sampler import Sampler, SamplerOutput, SamplingBatch
 from osserve.errors import InvalidRequestError
@@ -72,64 +73,6 @@ class EngineParts:
     kv: KVCacheManager
     tokenizer: Tokenizer
     speculative: SpeculativeDecoder | None = None
-
-
-@dataclass
-class StepProfile:
-    """Where the step loop's wall time goes (host clock). `launch` is building the batch and
-    queueing the forward; `gpu_wait` is the sampler waiting for the GPU; `post` is stop checks,
-    detokenisation and deltas. Logged by the server every `every` steps."""
-
-    steps: int = 0
-    requests: int = 0
-    schedule: float = 0.0
-    launch: float = 0.0
-    gpu_wait: float = 0.0
-    post: float = 0.0
-    steps_with_prefill: int = 0  # these run eagerly; decode-only steps replay a CUDA graph (GPU)
-    steps_in_flight: int = 0  # left running while the next one was scheduled (async scheduling)
-    every: int = 500
-
-    def add(self, batch: int, schedule: float, launch: float, gpu_wait: float, post: float,
-            has_prefill: bool = False, in_flight: bool = False) -> None:
-        self.steps += 1
-        self.steps_with_prefill += has_prefill
-        self.steps_in_flight += in_flight
-        self.requests += batch
-        self.schedule += schedule
-        self.launch += launch
-        self.gpu_wait += gpu_wait
-        self.post += post
-
-    def summary(self) -> str:
-        n = max(self.steps, 1)
-        return (f"{self.steps} steps ({self.steps_with_prefill} with prefill, {self.steps_in_flight} left in flight"
-                f"), mean batch {self.requests / n:.1f}; "
-                f"ms per step: schedule "
-                f"{1000 * self.schedule / n:.2f}, build+launch {1000 * self.launch / n:.2f}, wait for GPU "
-                f"{1000 * self.gpu_wait / n:.2f}, outputs {1000 * self.post / n:.2f}")
-
-
-@dataclass
-class InFlightStep:
-    """A launched step whose sampled ids have not been read on the host yet."""
-
-    out: SchedulerOutput
-    rows: dict[str, int]  # request id -> its row of token_ids
-    requests: list[Request]  # in row order (an id may come back later: `_collect` checks which)
-    token_ids: torch.Tensor  # [S] on the device: the next step's decode inputs read it there
-    host_ids: torch.Tensor  # [S] the same, copied without blocking (pinned on a GPU)
-    copied: torch.cuda.Event | None  # marks the copy's end on a GPU
-    profile: tuple[float, float, bool]  # (schedule s, launch s, has a prefill) of its launch
-    grammar_dead: set[str] = field(default_factory=set)  # requests whose grammar allowed no token here
-    sampled: Mapping[str, int | list[int]] | None = None  # its ids on the host, once read (_collect)
-
-
-def can_run_ahead(params: SamplingParams, num_output_tokens: int) -> bool:
-    """The request's next token can be sampled before its last one reaches the host."""
-    return (params.repetition_penalty == 1.0 and params.frequency_penalty == 0.0
-            and params.presence_penalty == 0.0 and params.logprobs is None
-            and params.forced_token_ids is None and num_output_tokens >= params.min_tokens)
 
 
 class LLMEngine:
@@ -269,7 +212,7 @@ class LLMEngine:
         return deltas
 
     def _step(self) -> list[CompletionDelta]:
-        if self.spec is not None and self._spec_engaged():
+        if self.spec is not None and speculates_next(self, self.spec):
             flight = self.in_flight
             if flight is None:
                 return self._spec_step()
@@ -306,7 +249,7 @@ class LLMEngine:
         self.prompt_tokens_total += prompt_tokens
         t2 = time.perf_counter()
         has_prefill = any(s.num_new_tokens > 1 for s in out.scheduled)
-        step = self._in_flight(out, rows, result, (t1 - t0, t2 - t1, has_prefill), on_host)
+        step = start_host_copy(out, rows, result, (t1 - t0, t2 - t1, has_prefill), on_host)
         if masks is not None:
             step.grammar_dead = {rows[i].request_id for i in masks.dead}
         deltas = self._finish(prev) if prev is not None else []
@@ -324,7 +267,7 @@ class LLMEngine:
         for s in out.scheduled:
             req = requests[s.request_id]
             if s.num_drafts:
-                entries.append(self._verify_entry(req, s.start, s.block_tables))
+                entries.append(verify_entry(req, s.start, s.block_tables))
                 rows.append(req)
                 continue
             end = s.start + s.num_new_tokens
@@ -340,78 +283,10 @@ class LLMEngine:
                 prompt_tokens += min(end, req.num_prompt_tokens) - s.start
         return entries, rows, prompt_tokens
 
-    @staticmethod
-    def _verify_entry(req: Request, start: int, tables: dict[str, list[int]]) -> BatchEntry:
-        """A request's last token (the root) and its drafts, verified in one chunk."""
-        tree = req.drafts
-        assert tree is not None
-        chain = tree.is_chain
-        return BatchEntry([req.token_at(start), *tree.tokens], start, tables, True, num_drafts=len(tree),
-                          draft_depths=None if chain else tree.depths(),
-                          tree_bits=None if chain else tree.attention_bits())
-
-    # ------------------------------------------------------------------ speculative decoding
-    def _spec_engaged(self) -> bool:
-        """Whether the next step speculates; drafts left from the last speculative step are
-        dropped when it does not (they were meant for a step that verifies them)."""
-        assert self.spec is not None
-        sched = self.scheduler
-        free = max(0, self.scheduler_config.max_num_seqs - len(sched.running))
-        engaged = self.spec.engaged(sched.running, list(itertools.islice(sched.waiting, free)))
-        if self.speculating and not engaged:
-            for r in sched.running:
-                r.drafts = None
-        self.speculating = engaged
-        return engaged
-
     def _spec_step(self) -> list[CompletionDelta]:
-        """One step of speculative decoding (module docstring); requests without drafts sample
-        their one token through the sampler as in any step (grammars, penalties, logprobs)."""
-        spec = self.spec
-        assert spec is not None
-        t0 = time.perf_counter()
-        out = self.scheduler.schedule(lookahead=spec.lookahead)
-        if not out.scheduled:
-            return []
-        t1 = time.perf_counter()
-        entries, rows, prompt_tokens = self._batch(out, None)
-        trees = {r.request_id: r.drafts for r in rows if r.drafts is not None}
-        step = self.runner.run(entries, None, out.block_copies, speculative=True, capture=spec.capture_layers)
-        self.scheduler.advance(out)
-        self.prompt_tokens_total += prompt_tokens
-        first, k = [], 0  # each sampling request's first logits row: its root's
-        for r in rows:
-            first.append(k)
-            k += 1 + (len(r.drafts) if r.drafts is not None else 0)
-        plain = [i for i, r in enumerate(rows) if r.drafts is None]
-        drafting = [i for i, r in enumerate(rows) if r.drafts is not None]
-        masks = self.grammars.masks([rows[i].request_id for i in plain]) if self.grammars.states else None
-        index = torch.tensor([first[i] for i in plain], dtype=torch.int64, device=step.logits.device)
-        result = self._launch_sample([rows[i] for i in plain], step.logits[index], None,
-                                     (masks.rows, masks.bits) if masks is not None else None)
-        sampled: dict[str, int | list[int]] = {}
-        if drafting:
-            index = torch.tensor([j for i in drafting for j in range(first[i], first[i] + 1 + len(trees[
-                rows[i].request_id]))], dtype=torch.int64, device=step.logits.device)
-            verdicts = spec.verify(step.logits[index], [rows[i] for i in drafting], self.generators)
-            by_id = {rows[i].request_id: v for i, v in zip(drafting, verdicts, strict=True)}
-            sampled.update((rid, v.tokens) for rid, v in by_id.items())
-            self.runner.move_kv(spec.kv_moves(out, by_id, trees))
-        else:
-            by_id = {}
-        plain_rows = [rows[i] for i in plain]
-        flight = self._in_flight(out, plain_rows, result, (t1 - t0, time.perf_counter() - t1, True))
-        plain_ids = result.token_ids.tolist() if result is not None else []
-        sampled.update((r.request_id, t) for r, t in zip(plain_rows, plain_ids, strict=True))
-        flight.sampled = sampled
-        if self.grammars.states:
-            flight.grammar_dead = {plain_rows[i].request_id for i in masks.dead} if masks is not None else set()
-            flight.grammar_dead |= self.grammars.accept({r.request_id: t for r, t in zip(plain_rows, plain_ids,
-                                                                                         strict=True)})
-        deltas = self._finish(flight, result)
-        offsets = step.entry_rows or np.cumsum([0] + [len(e.token_ids) for e in entries[:-1]]).tolist()
-        spec.propose(out, offsets, by_id, step.aux_hidden if spec.capture_layers else step.hidden, self.requests)
-        return deltas
+        """One speculative step (engine/speculative_step.py): a method for bench_spec.py to time."""
+        assert self.spec is not None
+        return speculative_step(self, self.spec)
 
     def _can_overlap(self, ending: set[str]) -> bool:
         """The next step may be launched before the one in flight is read: it will be decodes
@@ -455,24 +330,6 @@ class LLMEngine:
             token_masks=token_masks,
         )
         return self.sampler.sample(logits, batch, greedy)
-
-    def _in_flight(self, out: SchedulerOutput, rows: list[Request], result: SamplerOutput | None,
-                   profile: tuple[float, float, bool], on_host: torch.Tensor | None = None) -> InFlightStep:
-        """Start copying the sampled ids to the host without waiting for them. on_host: the ids in
-        pinned host memory, written by the step itself (no copy; the event marks the step's end)."""
-        ids = result.token_ids if result is not None else torch.empty(0, dtype=torch.int64)
-        copied = None
-        if ids.is_cuda:
-            if on_host is not None:
-                host = on_host
-            else:
-                host = torch.empty(ids.shape, dtype=ids.dtype, pin_memory=True)
-                host.copy_(ids, non_blocking=True)
-            copied = torch.cuda.Event()
-            copied.record()
-        else:
-            host = ids
-        return InFlightStep(out, {r.request_id: i for i, r in enumerate(rows)}, rows, ids, host, copied, profile)
 
     def _finish(self, step: InFlightStep, result: SamplerOutput | None = None) -> list[CompletionDelta]:
         """Wait for a step's tokens on the host; update the requests; turn tokens into deltas.

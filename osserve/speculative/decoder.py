@@ -1,7 +1,7 @@
 """The engine's speculative decoding: which requests speculate, verifying their drafts, moving an
 accepted tree branch's KV into place, proposing the next drafts, and the counters.
 
-A step speculates (engine.py's `_spec_step`) while at most `disable_by_batch_size` requests run
+A step speculates (engine/speculative_step.py) while at most `disable_by_batch_size` requests run
 and one of them wants drafts. Such a step is synchronous: how many tokens each request gets decides
 the next step, so its tokens reach the host before the next is scheduled.
 
