@@ -12,6 +12,7 @@ import torch
 import triton
 import triton.testing
 
+from osserve.ops.attention.kv_format import quantize_reference
 from osserve.ops.attention.paged_triton import paged_attention_triton
 
 H, KVH, D, BS, WINDOW = 64, 8, 64, 16, 128
@@ -56,8 +57,12 @@ def work(seqs: list[tuple[int, int]], window: int | None) -> tuple[float, float]
     return bytes_, 4.0 * H * D * pairs
 
 
-def time_case(seqs, window, is_decode: bool, **kw) -> float:
+def time_case(seqs, window, is_decode: bool, fp8: bool = False, **kw) -> float:
+    """Median ms of one launch; fp8: the cache as `--kv-cache-dtype fp8` stores it (e4m3 codes and a
+    scale per token and kv head, ops/attention/kv_format.py)."""
     q, k, v, sinks, qsl, lens, tables = build(seqs, window)
+    if fp8:
+        (k, kw["k_scales"]), (v, kw["v_scales"]) = quantize_reference(k), quantize_reference(v)
     out = torch.empty_like(q)
     maxq = max(ql for _, ql in seqs)
     maxs = max(s for s, _ in seqs)

@@ -25,12 +25,10 @@ import time
 
 import torch
 import triton
-import triton.testing
 
-from osserve.ops.attention.kv_format import FP8_DTYPE, quantize_reference
-from osserve.ops.attention.paged_triton import paged_attention_triton
+from benchmarks.bench_attention import WINDOW, time_case
+from osserve.ops.attention.kv_format import FP8_DTYPE
 
-H, KVH, D, BS, WINDOW = 64, 8, 64, 16, 128
 LENGTHS = (5, 130, 300, 17, 260, 64)
 
 
@@ -66,43 +64,6 @@ def accuracy(preset: str, steps: int = 64) -> dict[str, float]:
             "same_argmax": (fp8.argmax(-1) == ref.argmax(-1)).float().mean().item()}
 
 
-def build(seqs: list[tuple[int, int]], fp8: bool, seed: int = 0):  # type: ignore[no-untyped-def]
-    torch.manual_seed(seed)
-    nblk = [triton.cdiv(s, BS) for s, _ in seqs]
-    perm = torch.randperm(sum(nblk), device="cuda").to(torch.int32)
-    tables = torch.full((len(seqs), max(nblk)), -1, dtype=torch.int32, device="cuda")
-    used = 0
-    for b, n in enumerate(nblk):
-        tables[b, :n] = perm[used:used + n]
-        used += n
-    k = torch.randn(sum(nblk), BS, KVH, D, device="cuda", dtype=torch.bfloat16)
-    v = torch.randn_like(k)
-    scales: dict[str, torch.Tensor] = {}
-    if fp8:
-        (k, scales["k_scales"]), (v, scales["v_scales"]) = quantize_reference(k), quantize_reference(v)
-    q = torch.randn(sum(ql for _, ql in seqs), H, D, device="cuda", dtype=torch.bfloat16)
-    qsl = torch.tensor([0] + [sum(ql for _, ql in seqs[:i + 1]) for i in range(len(seqs))], dtype=torch.int32,
-                       device="cuda")
-    lens = torch.tensor([s for s, _ in seqs], dtype=torch.int32, device="cuda")
-    return q, k, v, torch.randn(H, device="cuda"), qsl, lens, tables, scales
-
-
-def time_us(seqs: list[tuple[int, int]], window: int | None, decode: bool, fp8: bool) -> float:
-    q, k, v, sinks, qsl, lens, tables, scales = build(seqs, fp8)
-    out = torch.empty_like(q)
-    fn = lambda: paged_attention_triton(q, k, v, sinks, qsl, lens, tables, D**-0.5, window,  # noqa: E731
-                                        max(ql for _, ql in seqs), max(s for s, _ in seqs), decode, out=out,
-                                        **scales)
-    fn()
-    torch.cuda.synchronize()
-    if decode:
-        ms = triton.testing.do_bench_cudagraph(fn, rep=100, return_mode="median")
-    else:
-        ms = triton.testing.do_bench(fn, warmup=25, rep=200, return_mode="median")
-    assert not out.isnan().any()
-    return ms * 1e3
-
-
 def kernels() -> list[dict[str, object]]:
     rows: list[dict[str, object]] = []
     for batch in (1, 32, 128, 256):
@@ -111,12 +72,12 @@ def kernels() -> list[dict[str, object]]:
                 continue
             for window in (None, WINDOW):
                 seqs = [(ctx, 1)] * batch
-                bf16, fp8 = (time_us(seqs, window, True, f) for f in (False, True))
+                bf16, fp8 = (time_case(seqs, window, True, fp8=f) * 1e3 for f in (False, True))
                 rows.append({"kind": "decode", "batch": batch, "ctx": ctx, "layer": "sliding" if window else "full",
                              "bf16_us": bf16, "fp8_us": fp8})
     for window in (None, WINDOW):
         seqs = [(2048, 2048)] * 8
-        bf16, fp8 = (time_us(seqs, window, False, f) for f in (False, True))
+        bf16, fp8 = (time_case(seqs, window, False, fp8=f) * 1e3 for f in (False, True))
         rows.append({"kind": "prefill", "batch": 8, "ctx": 2048, "layer": "sliding" if window else "full",
                      "bf16_us": bf16, "fp8_us": fp8})
     return rows
