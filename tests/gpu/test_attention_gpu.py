@@ -8,7 +8,7 @@ import random
 import pytest
 import torch
 
-from tests.ops.attention_cases import make_case, reference, rel_err
+from tests.ops.attention_cases import Case, make_case, reference, rel_err
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 H, KVH, D, BS, WINDOW = 64, 8, 64, 16, 128
@@ -39,12 +39,15 @@ def check(case, is_decode: bool, **kw) -> None:
 @pytest.mark.parametrize("batch", [1, 7, 64])
 @pytest.mark.parametrize("num_splits", [None, 1, 16])
 def test_decode(window: int | None, batch: int, num_splits: int | None) -> None:
+    check(decode_case(window, batch, num_splits), True, num_splits=num_splits)
+
+
+def decode_case(window: int | None, batch: int, num_splits: int | None) -> Case:
+    """`batch` decodes: contexts at the block and window edges, then random up to 8k."""
     rng = random.Random(batch * 31 + (window or 0) + (num_splits or 0))
     lens = [1, 127, 128, 129, 8192] + [rng.randint(1, 8192) for _ in range(batch)]
-    seqs = [(n, 1) for n in lens[:batch]]
-    case = make_case(seqs, H, KVH, D, BS, window, torch.bfloat16, "cuda",
+    return make_case([(n, 1) for n in lens[:batch]], H, KVH, D, BS, window, torch.bfloat16, "cuda",
                      outside="poison" if batch % 2 else "hole", seed=batch)
-    check(case, True, num_splits=num_splits)
 
 
 PREFILL = {

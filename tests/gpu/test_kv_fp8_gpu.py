@@ -19,71 +19,33 @@ is off by orders)."""
 
 from __future__ import annotations
 
-import random
 from pathlib import Path
 
 import pytest
 import torch
 
 from osserve.config import YarnRope
-from osserve.engine.core.sampling_params import SamplingParams
 from osserve.engine.load import EngineArgs, build_engine
-from osserve.ops.attention.kv_format import FP8_DTYPE, KVCache, dequantize_reference, quantize_reference
-from osserve.ops.attention.reference import paged_attention_reference, write_kv_reference
+from osserve.ops.attention.kv_format import FP8_DTYPE, KVCache, dequantize_reference
+from osserve.ops.attention.reference import write_kv_reference
 from osserve.ops.dispatch import reference_ops
 from osserve.ops.rope.reference import RopeTable, rope_and_cache_table_reference
-from tests.model.contiguous import ContiguousCache
-from tests.ops.attention_cases import Case, make_case, rel_err
+from tests.gpu.test_attention_gpu import PREFILL, decode_case
+from tests.gpu.test_model_gpu import LENGTHS, decode_one_by_one, record_logits, reference_logits
+from tests.ops.attention_cases import fp8_reference, make_case, quantised, rel_err, run_fp8
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 H, KVH, D, BS, WINDOW, HIDDEN = 64, 8, 64, 16, 128, 2880
 TOL = 1e-2
 
 
-def quantised(case: Case) -> KVCache:
-    kq, ks = quantize_reference(case.k_cache.float())
-    vq, vs = quantize_reference(case.v_cache.float())
-    return KVCache(kq, vq, ks, vs)
-
-
-def reference(case: Case, cache: KVCache, tree: object = None) -> torch.Tensor:
-    return paged_attention_reference(case.q.float(), cache.k, cache.v, case.sinks.float(), case.query_start_loc,
-                                     case.seq_lens, case.block_tables, case.scale, case.window, tree,  # type: ignore[arg-type]
-                                     k_scales=cache.k_scales, v_scales=cache.v_scales)
-
-
-def run(case: Case, cache: KVCache, is_decode: bool, **kw: object) -> torch.Tensor:
-    from osserve.ops.attention.paged_triton import paged_attention_triton
-
-    qsl, seq_lens = case.device_meta()
-    out = torch.full_like(case.q, float("nan"))
-    q_lens = [b - a for a, b in zip(case.query_start_loc, case.query_start_loc[1:], strict=False)]
-    paged_attention_triton(case.q, cache.k, cache.v, case.sinks, qsl, seq_lens, case.block_tables, case.scale,
-                           case.window, max(q_lens), max(case.seq_lens), is_decode, out=out,
-                           k_scales=cache.k_scales, v_scales=cache.v_scales, **kw)  # type: ignore[arg-type]
-    torch.cuda.synchronize()
-    assert not out.isnan().any()
-    return out
-
-
 @pytest.mark.parametrize("window", [None, WINDOW])
 @pytest.mark.parametrize("batch", [1, 7, 64])
 @pytest.mark.parametrize("num_splits", [None, 1, 16])
 def test_decode_reads_fp8(window: int | None, batch: int, num_splits: int | None) -> None:
-    rng = random.Random(batch * 31 + (window or 0) + (num_splits or 0))
-    lens = [1, 127, 128, 129, 8192] + [rng.randint(1, 8192) for _ in range(batch)]
-    case = make_case([(n, 1) for n in lens[:batch]], H, KVH, D, BS, window, torch.bfloat16, "cuda",
-                     outside="poison" if batch % 2 else "hole", seed=batch)
+    case = decode_case(window, batch, num_splits)
     cache = quantised(case)
-    assert rel_err(run(case, cache, True, num_splits=num_splits), reference(case, cache)) < TOL
-
-
-PREFILL = {
-    "one_2k": [(2048, 2048)],
-    "chunked": [(4000, 512), (300, 300), (129, 1), (8192, 1), (130, 3)],
-    "mixed16": [(n, q) for n, q in zip([17, 128, 1000, 257, 64, 8000, 1, 3000] * 2,
-                                       [17, 1, 200, 129, 64, 1, 1, 77] * 2, strict=True)],
-}
+    assert rel_err(run_fp8(case, cache, True, num_splits=num_splits), fp8_reference(case, cache)) < TOL
 
 
 @pytest.mark.parametrize("window", [None, WINDOW])
@@ -92,7 +54,7 @@ def test_prefill_reads_fp8(window: int | None, batch: str) -> None:
     case = make_case(PREFILL[batch], H, KVH, D, BS, window, torch.bfloat16, "cuda", outside="poison",
                      seed=len(batch) + (window or 0))
     cache = quantised(case)
-    assert rel_err(run(case, cache, False), reference(case, cache)) < TOL
+    assert rel_err(run_fp8(case, cache, False), fp8_reference(case, cache)) < TOL
 
 
 def test_draft_trees_read_fp8() -> None:
@@ -104,7 +66,7 @@ def test_draft_trees_read_fp8() -> None:
                      outside="poison", seed=3)
     mask = tree_mask(case, trees)
     cache = quantised(case)
-    assert rel_err(run(case, cache, False, tree=mask), reference(case, cache, mask)) < TOL
+    assert rel_err(run_fp8(case, cache, False, tree=mask), fp8_reference(case, cache, mask)) < TOL
 
 
 def test_write_kv_stores_the_reference_bytes() -> None:
@@ -171,15 +133,6 @@ def test_rope_cache_writers_quantise_as_the_reference(t: int) -> None:
 
 
 # ------------------------------------------------------------------------------------------ models
-LENGTHS = (5, 130, 300, 17, 260, 64)
-
-
-def logits_of(model, tokens: list[int], kv_dtype: torch.dtype | None) -> torch.Tensor:  # type: ignore[no-untyped-def]
-    """The plain-PyTorch path's logits over `tokens`, through a cache of kv_dtype (None: the model's)."""
-    cache = ContiguousCache(model, 1, len(tokens) + 1, kv_dtype=kv_dtype)
-    ids, pos, meta = cache.step([0], [tokens])
-    with reference_ops(), torch.inference_mode():
-        return model.compute_logits(model(ids, pos, meta, cache.kv))
 
 
 def check_fp8(args: EngineArgs, steps: int) -> None:
@@ -189,28 +142,15 @@ def check_fp8(args: EngineArgs, steps: int) -> None:
     g = torch.Generator().manual_seed(0)
     prompts = [torch.randint(0, 199_000, (n,), generator=g).tolist() for n in LENGTHS]
     recorded: list[torch.Tensor] = []
-    original = engine.runner.run
-
-    def recording(*args, **kwargs):  # type: ignore[no-untyped-def]
-        out = original(*args, **kwargs)
-        recorded.append(out.logits.clone())  # a graph's buffers are overwritten by its next replay
-        return out
-
-    engine.runner.run = recording  # type: ignore[method-assign]
-    sequences = []
-    for i, prompt in enumerate(prompts):  # one sequence at a time, through the decode graphs
-        engine.add_request(f"one-{i}", prompt, SamplingParams(temperature=0, max_tokens=steps, ignore_eos=True))
-        one: list[int] = []
-        while engine.has_unfinished():
-            for d in engine.step():
-                one.extend(d.new_token_ids)
-        sequences.append(prompt + one[:-1])
+    record_logits(engine.runner, recorded)
+    sequences = decode_one_by_one(engine, prompts, steps)  # one sequence at a time, through the decode graphs
     fast = torch.cat(recorded).float()
     rows = [slice(len(p) - 1, None) for p in prompts]
-    ref_fp8 = torch.cat([logits_of(model, s, FP8_DTYPE)[r].float() for s, r in zip(sequences, rows, strict=True)])
-    ref_bf16 = torch.cat([logits_of(model, s, None)[r].float() for s, r in zip(sequences, rows, strict=True)])
+    pairs = list(zip(sequences, rows, strict=True))
+    ref_fp8 = torch.cat([reference_logits(model, s, FP8_DTYPE)[r].float() for s, r in pairs])
+    ref_bf16 = torch.cat([reference_logits(model, s)[r].float() for s, r in pairs])
     model.float()
-    ref = torch.cat([logits_of(model, s, None)[r] for s, r in zip(sequences, rows, strict=True)])
+    ref = torch.cat([reference_logits(model, s)[r] for s, r in pairs])
 
     def err(x: torch.Tensor) -> float:
         return ((x - ref).norm(dim=1) / ref.norm(dim=1)).median().item()

@@ -30,8 +30,9 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUD
 LENGTHS = (5, 130, 300, 17, 260, 64)
 
 
-def reference_logits(model, tokens: list[int]) -> torch.Tensor:  # type: ignore[no-untyped-def]
-    cache = ContiguousCache(model, 1, len(tokens) + 1)
+def reference_logits(model, tokens: list[int], kv_dtype: torch.dtype | None = None) -> torch.Tensor:  # type: ignore[no-untyped-def]
+    """The plain-PyTorch path's logits over `tokens`, through a cache of kv_dtype (None: the model's)."""
+    cache = ContiguousCache(model, 1, len(tokens) + 1, kv_dtype=kv_dtype)
     ids, pos, meta = cache.step([0], [tokens])
     with reference_ops(), torch.inference_mode():
         return model.compute_logits(model(ids, pos, meta, cache.kv))
@@ -45,6 +46,21 @@ def greedy(engine, prompts: list[list[int]], steps: int) -> list[list[int]]:  # 
         for d in engine.step():
             outs.setdefault(d.request_id, []).extend(d.new_token_ids)
     return [outs[f"r{i}"] for i in range(len(prompts))]
+
+
+def decode_one_by_one(engine, prompts: list[list[int]], steps: int = 16) -> list[list[int]]:  # type: ignore[no-untyped-def]
+    """Each prompt alone through `engine`, greedy for `steps` tokens; each returned as the prompt and
+    its tokens but the last: the sequence whose rows from len(prompt) - 1 on are the steps' logits
+    (the prefill's last row, then a row per decode step)."""
+    sequences = []
+    for i, prompt in enumerate(prompts):
+        engine.add_request(f"one-{i}", prompt, SamplingParams(temperature=0, max_tokens=steps, ignore_eos=True))
+        one: list[int] = []
+        while engine.has_unfinished():
+            for d in engine.step():
+                one.extend(d.new_token_ids)
+        sequences.append(prompt + one[:-1])
+    return sequences
 
 
 def record_logits(runner, recorded: list[torch.Tensor], on_host: list[int] | None = None) -> None:  # type: ignore[no-untyped-def]
@@ -102,14 +118,7 @@ def check(args: EngineArgs, steps: int, check_tokens: bool) -> None:
     # router near-ties flip, for either path).
     recorded: list[torch.Tensor] = []
     record_logits(engine.runner, recorded)
-    sequences = []
-    for i, prompt in enumerate(prompts):
-        engine.add_request(f"one-{i}", prompt, SamplingParams(temperature=0, max_tokens=16, ignore_eos=True))
-        one: list[int] = []
-        while engine.has_unfinished():
-            for d in engine.step():
-                one.extend(d.new_token_ids)
-        sequences.append(prompt + one[:-1])  # step 0 is the prefill's last row, then a row per decode step
+    sequences = decode_one_by_one(engine, prompts)
     fast = torch.cat(recorded).float()
     rows = [slice(len(p) - 1, None) for p in prompts]
     ref_bf16 = torch.cat([reference_logits(model, q)[r].float() for q, r in zip(sequences, rows, strict=True)])

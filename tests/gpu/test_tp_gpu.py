@@ -21,7 +21,6 @@ from osserve.config import preset
 from osserve.distributed.expert_routing import own_share
 from osserve.distributed.layout import ShardLayout
 from osserve.distributed.parallel_runner import ParallelRunner
-from osserve.engine.core.sampling_params import SamplingParams
 from osserve.engine.load import EngineArgs, build_engine
 from osserve.model.checkpoint import fill_random_weights
 from osserve.model.weights import build_model, load_model
@@ -30,7 +29,14 @@ from osserve.ops.moe.dispatch import fused_moe
 from osserve.ops.moe.layout import prepare_mxfp4_experts
 from osserve.ops.moe.reference import moe_reference
 from tests.distributed.shards import expert_shard
-from tests.gpu.test_model_gpu import LENGTHS, agreement, greedy, record_logits, reference_logits
+from tests.gpu.test_model_gpu import (
+    LENGTHS,
+    agreement,
+    decode_one_by_one,
+    greedy,
+    record_logits,
+    reference_logits,
+)
 from tests.ops.moe_fixtures import random_experts, random_routing
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
@@ -79,14 +85,7 @@ def check(args: EngineArgs, whole, steps: int = 32) -> None:  # type: ignore[no-
         tokens = greedy(engine, prompts, steps)  # batched, async scheduling, graphs where captured
         recorded: list[torch.Tensor] = []
         record_logits(runner, recorded)
-        sequences = []
-        for i, prompt in enumerate(prompts):
-            engine.add_request(f"one-{i}", prompt, SamplingParams(temperature=0, max_tokens=16, ignore_eos=True))
-            one: list[int] = []
-            while engine.has_unfinished():
-                for d in engine.step():
-                    one.extend(d.new_token_ids)
-            sequences.append(prompt + one[:-1])
+        sequences = decode_one_by_one(engine, prompts)
     finally:
         runner.shutdown()
     fast = torch.cat(recorded).float()

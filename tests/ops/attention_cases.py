@@ -76,3 +76,36 @@ def reference(case: Case) -> torch.Tensor:
 
 def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
     return ((out.float() - ref).norm() / ref.norm()).item()
+
+
+def quantised(case: Case):  # type: ignore[no-untyped-def]
+    """The case's cache as an FP8 one (ops/attention/kv_format.py), on the case's device; its NaN
+    block stays NaN, so a kernel that reads it fails."""
+    from osserve.ops.attention.kv_format import KVCache, quantize_reference
+
+    (kq, ks), (vq, vs) = quantize_reference(case.k_cache.float()), quantize_reference(case.v_cache.float())
+    return KVCache(kq, vq, ks, vs)
+
+
+def fp8_reference(case: Case, cache, tree: object = None) -> torch.Tensor:  # type: ignore[no-untyped-def]
+    """The spec over the FP8 cache `cache` (float32 queries and sinks; tree: a TreeMask or None)."""
+    from osserve.ops.attention.reference import paged_attention_reference
+
+    return paged_attention_reference(
+        case.q.float(), cache.k, cache.v, case.sinks.float(), case.query_start_loc, case.seq_lens,
+        case.block_tables, case.scale, case.window, tree,  # type: ignore[arg-type]
+        k_scales=cache.k_scales, v_scales=cache.v_scales)
+
+
+def run_fp8(case: Case, cache, is_decode: bool, **kw: object) -> torch.Tensor:  # type: ignore[no-untyped-def]
+    """The Triton kernel over the FP8 cache (kw: num_splits, tree, ...); every output row written."""
+    from osserve.ops.attention.paged_triton import paged_attention_triton
+
+    qsl, seq_lens = case.device_meta()
+    out = torch.full_like(case.q, float("nan"))
+    q_lens = [b - a for a, b in zip(case.query_start_loc, case.query_start_loc[1:], strict=False)]
+    paged_attention_triton(case.q, cache.k, cache.v, case.sinks, qsl, seq_lens, case.block_tables, case.scale,
+                           case.window, max(q_lens), max(case.seq_lens), is_decode, out=out,
+                           k_scales=cache.k_scales, v_scales=cache.v_scales, **kw)  # type: ignore[arg-type]
+    assert not out.isnan().any(), "unwritten or NaN rows"
+    return out

@@ -14,11 +14,11 @@ import pytest
 import torch
 
 from osserve.config import YarnRope
-from osserve.ops.attention.kv_format import FP8_DTYPE, KVCache, dequantize_reference, quantize_reference
+from osserve.ops.attention.kv_format import FP8_DTYPE, KVCache, dequantize_reference
 from osserve.ops.attention.reference import paged_attention_reference, write_kv_reference
 from osserve.ops.rope.reference import RopeTable, rope_and_cache_table_reference
 from osserve.speculative.tree import DraftTree
-from tests.ops.attention_cases import Case, make_case, rel_err
+from tests.ops.attention_cases import fp8_reference, make_case, quantised, rel_err, run_fp8
 from tests.ops.test_attention_tree import random_tree, tree_mask
 
 pytestmark = pytest.mark.skipif(
@@ -125,33 +125,6 @@ def test_fused_qkv_rope_quantises_as_the_unfused_path(t: int) -> None:
                               ours.k_scales, ours.v_scales)
     assert (q.cpu() - q_ref).abs().max().item() < 1e-4
     assert_close_cache(ours, ref, same=0.95)
-
-
-def quantised(case: Case) -> KVCache:
-    """The case's float cache as an FP8 one (its NaN block stays NaN: a kernel reading it fails)."""
-    kq, ks = quantize_reference(case.k_cache.float().cpu())
-    vq, vs = quantize_reference(case.v_cache.float().cpu())
-    return KVCache(kq.to(DEVICE), vq.to(DEVICE), ks.to(DEVICE), vs.to(DEVICE))
-
-
-def fp8_reference(case: Case, cache: KVCache, tree: object = None) -> torch.Tensor:
-    return paged_attention_reference(
-        case.q.float().cpu(), cache.k.cpu(), cache.v.cpu(), case.sinks.float().cpu(), case.query_start_loc,
-        case.seq_lens, case.block_tables.cpu(), case.scale, case.window, tree,  # type: ignore[arg-type]
-        k_scales=cache.k_scales.cpu(), v_scales=cache.v_scales.cpu())  # type: ignore[union-attr]
-
-
-def run_fp8(case: Case, cache: KVCache, is_decode: bool, **kw: object) -> torch.Tensor:
-    from osserve.ops.attention.paged_triton import paged_attention_triton
-
-    qsl, seq_lens = case.device_meta()
-    out = torch.full_like(case.q, float("nan"))
-    q_lens = [b - a for a, b in zip(case.query_start_loc, case.query_start_loc[1:], strict=False)]
-    paged_attention_triton(case.q, cache.k, cache.v, case.sinks, qsl, seq_lens, case.block_tables, case.scale,
-                           case.window, max(q_lens), max(case.seq_lens), is_decode, out=out,
-                           k_scales=cache.k_scales, v_scales=cache.v_scales, **kw)  # type: ignore[arg-type]
-    assert not out.isnan().any(), "unwritten or NaN rows"
-    return out.cpu()
 
 
 BATCHES = {
