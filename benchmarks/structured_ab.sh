@@ -3,10 +3,12 @@
 # (bench_structured.py), then serving at c=256 with every request asking for a JSON schema against
 # none, alternating on one server (plain, json, plain, json: the first json round also pays the
 # schema's first compile). With MASK_THREADS="8 1" the serving part runs once per llguidance
-# mask-thread count (OSSERVE_MASK_THREADS), a server each. Tables printed last.
-#   [PRESET=20b] [N=1024] [SKIP_ENGINE=1] [MASK_THREADS="8 1"] bash benchmarks/structured_ab.sh   (carry .whl)
+# mask-thread count (OSSERVE_MASK_THREADS), a server each. RUNS sets the rounds: plain, json (the
+# schema) and nomax (the schema without its strings' maxLength, what the length bound costs).
+# Tables printed last.
+#   [PRESET=20b] [N=1024] [SKIP_ENGINE=1] [MASK_THREADS="8 1"] [RUNS="plain json nomax"] bash benchmarks/structured_ab.sh   (carry .whl)
 set -u
-PRESET=${PRESET:-20b}; N=${N:-1024}; MASK_THREADS=${MASK_THREADS:-default}
+PRESET=${PRESET:-20b}; N=${N:-1024}; MASK_THREADS=${MASK_THREADS:-default}; RUNS=${RUNS:-plain json plain json}
 source benchmarks/gpu_env.sh
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 if [ -z "${SKIP_ENGINE:-}" ]; then
@@ -14,6 +16,7 @@ if [ -z "${SKIP_ENGINE:-}" ]; then
         || { tail -30 "$OUT/engine.log"; exit 1; }
 fi
 python3 -c "import json; from benchmarks.bench_structured import SCHEMA; print(json.dumps(SCHEMA))" > /tmp/schema.json
+python3 -c "import json; from benchmarks.bench_structured import SCHEMA; del SCHEMA['properties']['steps']['items']['maxLength']; print(json.dumps(SCHEMA))" > /tmp/schema-nomax.json
 TABLE="$OUT/structured-serve.txt"; : > "$TABLE"
 for threads in $MASK_THREADS; do
     log="$OUT/server-threads-$threads.log"
@@ -22,8 +25,9 @@ for threads in $MASK_THREADS; do
         --max-num-seqs 256 --max-model-len 4096 --max-num-batched-tokens 8192 > "$log" 2>&1 &
     server=$!
     wait_for_server $server "$log"
-    for run in plain json plain json; do
+    for run in $RUNS; do
         extra=(); [ "$run" = json ] && extra=(--json-schema /tmp/schema.json)
+        [ "$run" = nomax ] && extra=(--json-schema /tmp/schema-nomax.json)
         result=$(python3 -m osserve.bench.serve --base-url http://127.0.0.1:8000 --model "gpt-oss-$PRESET" \
             --endpoint chat --num-requests "$N" --concurrency 256 --max-tokens 256 --ignore-eos --timeout 200 \
             --prompt "Explain quantum mechanics in one paragraph." "${extra[@]}" \

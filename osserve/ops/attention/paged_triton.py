@@ -271,6 +271,7 @@ def paged_attention_triton(
     block_m: int | None = None,
     block_n: int | None = None,
     num_stages: int | None = None,
+    num_warps: int | None = None,
     tree: TreeMask | None = None,
     k_scales: torch.Tensor | None = None,
     v_scales: torch.Tensor | None = None,
@@ -283,7 +284,8 @@ def paged_attention_triton(
     does no host sync and allocates only buffers whose sizes depend on (B, H, D, num_splits), so it
     can be captured in a CUDA graph; max_seq_len only picks the number of splits (performance),
     never correctness, so a graph captured at one max_seq_len replays correctly at any length.
-    num_splits / block_m / block_n / num_stages override the heuristics (tests, benchmarks).
+    num_splits / block_m / block_n / num_stages / num_warps (decode) override the heuristics (tests,
+    benchmarks).
     """
     assert q.shape[2] == k_cache.shape[3] and q.shape[2] & (q.shape[2] - 1) == 0, "pow2 head_dim"
     assert q.shape[1] % k_cache.shape[2] == 0
@@ -295,7 +297,8 @@ def paged_attention_triton(
     if is_decode and tree is None:
         paged_decode_triton(q, k_cache, v_cache, sinks, query_start_loc, seq_lens, block_tables,
                             scale, window, max_seq_len, out, num_splits=num_splits, block_n=block_n,
-                            k_scales=k_scales, v_scales=v_scales)
+                            k_scales=k_scales, v_scales=v_scales, num_warps=num_warps or 4,
+                            num_stages=num_stages or 2)
     else:
         _prefill(q, k_cache, v_cache, sinks, query_start_loc, seq_lens, block_tables, scale, window,
                  max_query_len, out, block_m=block_m, block_n=block_n, num_stages=num_stages, tree=tree,
