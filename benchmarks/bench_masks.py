@@ -41,7 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.bench_structured import SCHEMA  # noqa: E402
 from osserve.structured import matchers  # noqa: E402
-from osserve.structured.grammar import free_channels, grammar_text  # noqa: E402
+from osserve.structured.grammar import bounded_answer, free_channels, grammar_text  # noqa: E402
 from osserve.structured.matchers import Grammars  # noqa: E402
 from osserve.structured.spec import StructuredOutputs, ToolSpec  # noqa: E402
 from osserve.tokenizer import load_tokenizer  # noqa: E402
@@ -125,6 +125,7 @@ def run(work: Workload, batch: int, steps: int, make: Callable[[], Grammars]) ->
     grammar = grammar_text(work.spec, MAX_TOKENS)
     assert grammar is not None
     free = free_channels(work.spec, MAX_TOKENS)
+    bounded = bounded_answer(work.spec, MAX_TOKENS)  # as the engine starts it
     whole, split = make(), make()
     serial = 0
     pos: dict[str, int] = {}
@@ -134,7 +135,7 @@ def run(work: Workload, batch: int, steps: int, make: Callable[[], Grammars]) ->
         rid = f"r{serial}"
         serial += 1
         for g in (whole, split):
-            g.start(rid, grammar, free)
+            g.start(rid, grammar, free, bounded)
             assert g.ready(wait=True) == [(rid, None)]
             for t in tokens[:phase]:
                 assert not g.accept({rid: t})

@@ -56,7 +56,7 @@ from osserve.engine.worker.runner import BatchEntry, ModelRunner
 from osserve.engine.worker.sampler import Sampler, SamplerOutput, SamplingBatch
 from osserve.errors import InvalidRequestError
 from osserve.speculative.decoder import SpeculativeDecoder
-from osserve.structured.grammar import free_channels, grammar_text
+from osserve.structured.grammar import bounded_answer, free_channels, grammar_text
 from osserve.structured.matchers import Grammars
 from osserve.structured.spec import StructuredOutputs
 from osserve.tokenizer import Tokenizer
@@ -131,7 +131,8 @@ class LLMEngine:
             self.scheduler.add_request(req)  # raises on empty / too long / larger than the pool
         else:  # checked already (structured.grammar.check: the server, LLM); compiled off the loop
             assert params.structured is not None
-            self.grammars.start(request_id, grammar, free_channels(params.structured, params.max_tokens))
+            self.grammars.start(request_id, grammar, free_channels(params.structured, params.max_tokens),
+                                bounded_answer(params.structured, params.max_tokens))
             self.compiling[request_id] = req
         self.requests[request_id] = req
         self.outputs.add(req)

@@ -42,9 +42,12 @@ whitespace of JSON lets a random-weight model, or a looping one, write nothing e
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass, replace
 from typing import Any
 
 from osserve.errors import InvalidRequestError
+from osserve.structured import length_bounds
+from osserve.structured.length_bounds import LengthBounds
 from osserve.structured.spec import StructuredOutputs, ToolSpec
 
 REASONING_RESERVE = 1024  # tokens kept for the answer or call, at most, out of max_tokens
@@ -182,6 +185,29 @@ def grammar_text(spec: StructuredOutputs, max_tokens: int | None) -> str | None:
     if spec.answer_format != "grammar":
         return main
     return json.dumps({"grammars": [{"lark_grammar": main}, {"name": "answer", "lark_grammar": spec.grammar}]})
+
+
+@dataclass(frozen=True)
+class BoundedAnswer:
+    """A JSON-schema answer's string bounds taken out of the grammar (length_bounds.py): the
+    grammar without them, the bounds, and whether the answer is a harmony turn's final message
+    (else the whole output)."""
+
+    grammar: str
+    bounds: LengthBounds
+    harmony: bool
+
+
+def bounded_answer(spec: StructuredOutputs, max_tokens: int | None) -> BoundedAnswer | None:
+    """The spec's BoundedAnswer, or None: no JSON-schema answer, or none of its bounds can be taken
+    out (tool calls' arguments keep theirs in the grammar)."""
+    if spec.answer_format != "json_schema" or spec.json_schema is None:
+        return None
+    bounds = length_bounds.split(spec.json_schema)
+    if bounds is None:
+        return None
+    text = grammar_text(replace(spec, json_schema=bounds.unbounded), max_tokens)
+    return BoundedAnswer(text, bounds, spec.harmony) if text is not None else None
 
 
 def check(spec: StructuredOutputs, max_tokens: int | None = None) -> str | None:

@@ -14,6 +14,11 @@ may only repeat a stop token. Those rows skip llguidance: each takes its grammar
 state, learnt from llguidance the first time a request of the grammar is there and kept with the
 compiled grammar, and copied into its buffer row only when the row held another mask the step
 before (their matchers still see every token). The rows llguidance fills come first in the buffer.
+
+A JSON-schema answer whose strings' maxLength can be taken out of the grammar (length_bounds.py)
+gets a second matcher, of the grammar without them, which fills its masks; its JsonCursor then
+clears the tokens that would overflow a bound. The first matcher, with the bounds, still judges
+every token, and fills the mask where the cursor cannot tell (inside an escape sequence).
 """
 
 from __future__ import annotations
@@ -29,7 +34,10 @@ import numpy as np
 import torch
 
 from osserve.structured.free_text import FreeText, Phase
-from osserve.structured.vocabulary import harmony_lltokenizer, utf8_shapes
+from osserve.structured.grammar import BoundedAnswer
+from osserve.structured.json_cursor import BoundFilter, JsonCursor, vocabulary_runs
+from osserve.structured.vocabulary import harmony_lltokenizer, token_bytes, utf8_shapes
+from osserve.tokenizer import CHANNEL, MESSAGE
 
 if TYPE_CHECKING:
     from llguidance import LLExecutor, LLMatcher
@@ -54,11 +62,40 @@ class Compiled:
 
 
 @dataclass
+class Bounded:
+    """A request whose answer's string bounds are enforced beside its grammar (module docstring)."""
+
+    fast: LLMatcher  # of the grammar without the bounds
+    filter: BoundFilter
+    answer: BoundedAnswer
+    cursor: JsonCursor | None = None  # over the answer, from its first byte
+    header: bytearray | None = None  # harmony: the channel name being read
+
+    def feed(self, token: int) -> None:
+        if self.cursor is not None:
+            self.cursor.feed(token_bytes()[token])
+        elif token == CHANNEL:
+            self.header = bytearray()
+        elif token == MESSAGE:
+            if self.header == b"final":  # the answer's first byte comes next
+                self.cursor = JsonCursor(self.answer.bounds)
+            self.header = None
+        elif self.header is not None:
+            self.header += token_bytes()[token]
+
+    @property
+    def fills(self) -> bool:
+        """Whether the fast matcher fills the next mask (not inside an escape sequence)."""
+        return self.cursor is None or not self.cursor.escape
+
+
+@dataclass
 class GrammarState:
     matcher: LLMatcher
     masks: dict[bytes, torch.Tensor]  # its Compiled's
     free: FreeText | None = None  # where it stands in its free channels (None: the grammar has none)
     failed: str | None = None  # why the grammar cannot go on: the request ends with finish reason "grammar"
+    bounded: Bounded | None = None
 
 
 @dataclass
@@ -82,17 +119,30 @@ class Grammars:
         self._compiler = ThreadPoolExecutor(1, thread_name_prefix="osserve-grammar")
         self._cache: OrderedDict[str, Compiled] = OrderedDict()
         self._cache_lock = threading.Lock()
-        self._pending: dict[str, tuple[Future[tuple[LLMatcher, Compiled]], dict[str, int | None]]] = {}
+        self._pending: dict[str, tuple[Future[tuple[LLMatcher, Compiled, LLMatcher | None]], dict[str, int | None],
+                                       BoundedAnswer | None]] = {}
         self.states: dict[str, GrammarState] = {}
         self._executor: LLExecutor | None = None
         self._buffer = torch.empty(0, self.words, dtype=torch.int32)
         self._holds: list[torch.Tensor | None] = []  # the shared mask each buffer row holds, if any
 
     # ------------------------------------------------------------------ compiling
-    def start(self, request_id: str, grammar: str, free: dict[str, int | None] | None = None) -> None:
+    def start(self, request_id: str, grammar: str, free: dict[str, int | None] | None = None,
+              bounded: BoundedAnswer | None = None) -> None:
         """Compile (or copy from the cache) in the worker thread; `ready` hands the result over.
-        free: the grammar's free channels and their budgets (grammar.free_channels)."""
-        self._pending[request_id] = (self._compiler.submit(self._compile, grammar), free or {})
+        free: the grammar's free channels and their budgets (grammar.free_channels); bounded: the
+        answer's string bounds taken out (grammar.bounded_answer)."""
+        self._pending[request_id] = (self._compiler.submit(self._compile_request, grammar, bounded), free or {},
+                                     bounded)
+
+    def _compile_request(self, grammar: str, bounded: BoundedAnswer | None
+                         ) -> tuple[LLMatcher, Compiled, LLMatcher | None]:
+        matcher, compiled = self._compile(grammar)
+        if bounded is None:
+            return matcher, compiled, None
+        vocabulary_runs()  # built once, here rather than on the step loop
+        fast, _ = self._compile(bounded.grammar)
+        return matcher, compiled, fast
 
     def _compile(self, grammar: str) -> tuple[LLMatcher, Compiled]:
         from llguidance import LLMatcher
@@ -115,12 +165,12 @@ class Grammars:
         """The requests whose grammar finished compiling, each with None or the error that stops it
         (a grammar llguidance rejects). wait: block for every pending one (nothing else to do)."""
         done: list[tuple[str, str | None]] = []
-        for rid, (future, free) in list(self._pending.items()):
+        for rid, (future, free, answer) in list(self._pending.items()):
             if not (wait or future.done()):
                 continue
             del self._pending[rid]
             try:
-                matcher, compiled = future.result()
+                matcher, compiled, fast = future.result()
             except Exception as e:  # noqa: BLE001 - the library's errors are not typed
                 done.append((rid, f"the output grammar could not be built: {e}"))
                 continue
@@ -128,8 +178,12 @@ class Grammars:
                 done.append((rid, f"the output grammar could not be built: {matcher.get_error()}"))
                 continue
             budgets = {name.encode(): budget for name, budget in free.items()}
+            bounded = None
+            if fast is not None and answer is not None and not fast.is_error():
+                bounded = Bounded(fast, BoundFilter(vocabulary_runs(), answer.bounds.smallest), answer,
+                                  None if answer.harmony else JsonCursor(answer.bounds))
             self.states[rid] = GrammarState(matcher, compiled.masks,
-                                            FreeText(budgets, utf8_shapes()) if budgets else None)
+                                            FreeText(budgets, utf8_shapes()) if budgets else None, bounded=bounded)
             done.append((rid, None))
         return done
 
@@ -155,7 +209,13 @@ class Grammars:
             if not state.matcher.consume_token(token):
                 state.failed = f"the output grammar rejected token {token}: {state.matcher.get_error()}"
                 rejected.add(rid)
-            elif state.free is not None and state.free.phase is not Phase.OFF:
+                continue
+            if state.bounded is not None:
+                if state.bounded.fast.consume_token(token):
+                    state.bounded.feed(token)
+                else:  # cannot be (the grammar without bounds takes more): the bounded grammar fills from now
+                    state.bounded = None
+            if state.free is not None and state.free.phase is not Phase.OFF:
                 state.free.feed(token, harmony_lltokenizer().decode_bytes([token]) if state.free.in_header else None)
         return rejected
 
@@ -188,9 +248,16 @@ class Grammars:
         filled = [k for k, mask in enumerate(shared) if mask is None]
         order = filled + sorted((k for k, mask in enumerate(shared) if mask is not None), key=lambda k: id(shared[k]))
         bits = self._buffer[: len(rows)]
+        fast = [slot for slot, k in enumerate(filled) if (b := states[k].bounded) is not None and b.fills]
         if filled:
-            fill_next_token_bitmask_par(self._executor, [(states[k].matcher, slot) for slot, k in enumerate(filled)],
-                                        bits)
+            fast_slots = set(fast)
+            fill_next_token_bitmask_par(
+                self._executor, [(b.fast if slot in fast_slots and (b := states[k].bounded) is not None
+                                  else states[k].matcher, slot) for slot, k in enumerate(filled)], bits)
+        for slot in fast:
+            bounded = states[filled[slot]].bounded
+            if bounded is not None and bounded.cursor is not None:
+                bounded.filter.apply(bounded.cursor, bits[slot].numpy(), token_bytes())
         for slot in range(len(filled), len(rows)):
             mask = shared[order[slot]]
             assert mask is not None

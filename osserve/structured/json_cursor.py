@@ -1,0 +1,233 @@
+"""Where a JSON answer stands, byte by byte, and which tokens would overflow a string's maxLength
+(length_bounds.py says why the bounds are enforced here and not in the grammar).
+
+JsonCursor reads the bytes of an answer the grammar accepted (it recognises, it does not
+validate): a stack of the open objects and arrays with their schemas, and inside a string its
+bound (length_bounds.stripped_bound of its schema) and the characters written so far. Characters
+are counted as llguidance counts them: the decoded string's, so one per UTF-8 character (at its
+first byte) and one per escape sequence (at its backslash).
+
+BoundFilter clears, in a row's mask from the grammar without bounds, the tokens the bounds forbid:
+- inside a bounded string with r characters left, every token whose characters before its first
+  unescaped quote exceed r (one AND with a mask precomputed per r);
+- anywhere, a token that would also open another bounded string and overflow it (`", "abc…`): the
+  few tokens with a long enough quoted run are tried on a copy of the cursor.
+Mid-escape (a token ended inside `\\u00e9`) the row is left to the grammar with bounds.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import numpy as np
+
+from osserve.structured.length_bounds import LengthBounds, item_schema, property_schema, resolve, stripped_bound
+from osserve.structured.vocabulary import token_bytes
+
+QUOTE, BACKSLASH = 0x22, 0x5C
+
+
+@dataclass
+class Frame:
+    schema: Any
+    is_object: bool
+    key: str | None = None  # an object's key whose value comes next (None: a key comes next)
+    index: int = 0  # an array's item
+
+
+@dataclass
+class JsonCursor:
+    bounds: LengthBounds
+    stack: list[Frame] = field(default_factory=list)
+    in_string: bool = False
+    is_key: bool = False
+    key_bytes: bytearray = field(default_factory=bytearray)
+    bound: int | None = None  # the open string's maxLength (None: unbounded)
+    chars: int = 0  # its characters so far
+    escape: int = 0  # bytes of an escape still to come: -1 right after the backslash, 1-4 hex digits
+    overflow: bool = False  # some string went past its bound (a token that did so is forbidden)
+    ended: bool = False  # the root value is complete
+
+    def clone(self) -> JsonCursor:
+        """A copy to try a token on (the schemas shared, not copied)."""
+        return replace(self, stack=[replace(f) for f in self.stack], key_bytes=bytearray(self.key_bytes))
+
+    def feed(self, data: bytes) -> None:
+        for byte in data:
+            if self.in_string:
+                self._string_byte(byte)
+            elif not self.ended:
+                self._structure_byte(byte)
+
+    @property
+    def remaining(self) -> int | None:
+        """Characters left in the open string where it is bounded and the next byte starts a
+        character (None: not in a bounded string)."""
+        if not self.in_string or self.bound is None:
+            return None
+        return self.bound - self.chars
+
+    def _value_schema(self) -> Any:
+        root = self.bounds.schema
+        if not self.stack:
+            return resolve(root, root)
+        top = self.stack[-1]
+        if top.is_object:
+            return property_schema(root, top.schema, top.key or "")
+        return item_schema(root, top.schema, top.index)
+
+    def _structure_byte(self, byte: int) -> None:
+        top = self.stack[-1] if self.stack else None
+        if byte == QUOTE:
+            self.in_string, self.chars, self.escape = True, 0, 0
+            self.is_key = top is not None and top.is_object and top.key is None
+            self.key_bytes.clear()
+            self.bound = None if self.is_key else stripped_bound(self._value_schema())
+        elif byte in b"{[":
+            self.stack.append(Frame(self._value_schema(), byte == ord("{")))
+        elif byte in b"}]":
+            if self.stack:
+                self.stack.pop()
+            self.ended = not self.stack
+        elif byte == ord(",") and top is not None:
+            if top.is_object:
+                top.key = None
+            else:
+                top.index += 1
+
+    def _string_byte(self, byte: int) -> None:
+        if self.is_key:
+            self.key_bytes.append(byte)
+        if self.escape == -1:  # the escape's letter
+            self.escape = 4 if byte == ord("u") else 0
+            return
+        if self.escape > 0:
+            self.escape -= 1
+            return
+        if byte == QUOTE:
+            self.in_string = False
+            if self.is_key and self.stack:
+                try:
+                    self.stack[-1].key = json.loads(b'"' + bytes(self.key_bytes[:-1]) + b'"')
+                except ValueError:
+                    self.stack[-1].key = ""
+            elif not self.stack:
+                self.ended = True
+            return
+        if byte == BACKSLASH:
+            self.escape = -1
+        if byte & 0xC0 != 0x80:  # a character's first byte (or an escape's backslash)
+            self.chars += 1
+            if self.bound is not None and self.chars > self.bound:
+                self.overflow = True
+
+
+@dataclass(frozen=True)
+class TokenRuns:
+    """Per token of the vocabulary, what the filter needs (built once, off the step loop):
+    `first`: its characters before its first unescaped quote, read as string content from a
+    character boundary; `later_inside` / `later_outside`: the most characters of any later quoted
+    run (a string it opens), starting inside a string or outside one."""
+
+    first: np.ndarray
+    later_inside: np.ndarray
+    later_outside: np.ndarray
+
+    @functools.cached_property
+    def first_masks(self) -> np.ndarray:
+        """[R, words] int32: row r allows the tokens with first <= r (R = the longest first run;
+        at r >= R nothing is cleared)."""
+        limit = int(self.first.max())
+        words = (len(self.first) + 31) // 32
+        out = np.zeros((limit, words), dtype=np.int32)
+        for r in range(limit):
+            bits = np.packbits(self.first <= r, bitorder="little")
+            out[r].view(np.uint8)[: len(bits)] = bits
+        return out
+
+
+def token_runs(vocab: list[bytes]) -> TokenRuns:
+    n = len(vocab)
+    first, later_in, later_out = np.zeros(n, np.int32), np.zeros(n, np.int32), np.zeros(n, np.int32)
+    for t, data in enumerate(vocab):
+        if QUOTE not in data and BACKSLASH not in data:  # most tokens: plain text, no string opened
+            first[t] = sum(1 for b in data if b & 0xC0 != 0x80)
+            continue
+        first[t], later_in[t] = _runs(data, inside=True)
+        _, later_out[t] = _runs(data, inside=False)
+    return TokenRuns(first, later_in, later_out)
+
+
+def _runs(data: bytes, inside: bool) -> tuple[int, int]:
+    """(characters of the run before the first unescaped quote, when the token starts inside a
+    string; the most characters of any run inside a string the token opens)."""
+    runs: list[int] = []  # characters of each run inside a string, in order
+    opened_before = inside
+    count = escape = 0
+    for b in data:
+        if not inside:
+            if b == QUOTE:
+                inside, count, escape = True, 0, 0
+        elif escape == -1:  # the escape's letter
+            escape = 4 if b == ord("u") else 0
+        elif escape > 0:  # a \u escape's hex digits
+            escape -= 1
+        elif b == QUOTE:
+            runs.append(count)
+            inside = False
+        else:
+            if b == BACKSLASH:
+                escape = -1
+            count += b & 0xC0 != 0x80
+    if inside:
+        runs.append(count)
+    if opened_before:
+        return runs[0], max(runs[1:], default=0)
+    return 0, max(runs, default=0)
+
+
+@dataclass
+class BoundFilter:
+    """The bound's mask for one row, from its cursor (see the module docstring)."""
+
+    runs: TokenRuns
+    smallest: int  # the schema's smallest stripped bound: runs no longer than it cannot overflow
+    _suspects: dict[bool, np.ndarray] = field(default_factory=dict)
+
+    def suspects(self, inside: bool) -> np.ndarray:
+        """Tokens whose later runs could overflow the smallest bound, starting inside or outside."""
+        if inside not in self._suspects:
+            later = self.runs.later_inside if inside else self.runs.later_outside
+            self._suspects[inside] = np.flatnonzero(later > self.smallest)
+        return self._suspects[inside]
+
+    def apply(self, cursor: JsonCursor, row: np.ndarray, vocab: list[bytes]) -> bool:
+        """Clear the row's (int32 mask words, from the unbounded grammar) tokens that would overflow
+        a bound. False: the cursor cannot tell here (mid-escape), the row needs the bounded grammar."""
+        if cursor.escape:
+            return False
+        if cursor.ended:
+            return True
+        remaining = cursor.remaining
+        masks = self.runs.first_masks
+        if remaining is not None and remaining < len(masks):
+            row &= masks[max(remaining, 0)]
+        bits = row.view(np.uint32)
+        for t in self.suspects(cursor.in_string):
+            if bits[t >> 5] >> (t & 31) & 1:
+                trial = cursor.clone()
+                trial.feed(vocab[t])
+                if trial.overflow:
+                    bits[t >> 5] &= ~np.uint32(1 << (t & 31))
+        return True
+
+
+@functools.cache
+def vocabulary_runs() -> TokenRuns:
+    """The harmony vocabulary's TokenRuns (~0.5 s: once, off the step loop)."""
+    runs = token_runs(token_bytes())
+    runs.first_masks  # noqa: B018 - built here, in the compile thread, not at a step
+    return runs

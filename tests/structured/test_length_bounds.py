@@ -1,0 +1,233 @@
+"""String maxLengths enforced beside the grammar (length_bounds.py, json_cursor.py): which schemas
+qualify, what the cursor counts, and above all that the masks are exactly llguidance's own for the
+schema with its bounds: random walks through bounded schemas over the real harmony vocabulary, a
+batch stepped together through one Grammars, each row's mask compared every step with a separate
+matcher of the bounded grammar. The draws favour quotes, backslashes and split characters, so the
+walks write escapes, multi-byte characters, strings at their bound and tokens that close one
+string and open the next."""
+
+from __future__ import annotations
+
+import json
+import random
+from collections import Counter
+
+import numpy as np
+import pytest
+import torch
+
+from osserve.structured.grammar import bounded_answer, free_channels, grammar_text
+from osserve.structured.json_cursor import JsonCursor, _runs, vocabulary_runs
+from osserve.structured.length_bounds import split, stripped_bound
+from osserve.structured.matchers import Grammars
+from osserve.structured.spec import StructuredOutputs
+from osserve.structured.vocabulary import SPECIAL, harmony_lltokenizer, token_bytes, utf8_shapes
+from osserve.tokenizer import load_tokenizer
+from tests.structured.test_free_masks import Draw
+
+BENCH = {"type": "object", "additionalProperties": False, "required": ["answer", "unit", "confidence", "steps"],
+         "properties": {"answer": {"type": "integer"}, "unit": {"enum": ["km", "mi", "m"]},
+                        "confidence": {"type": "number", "minimum": 0, "maximum": 1},
+                        "steps": {"type": "array", "items": {"type": "string", "maxLength": 40}, "maxItems": 3}}}
+TIGHT = {"type": "object", "required": ["code", "tags"], "additionalProperties": False,
+         "properties": {"code": {"type": "string", "maxLength": 3},
+                        "tags": {"type": "array", "items": {"type": "string", "minLength": 1, "maxLength": 5},
+                                 "minItems": 2, "maxItems": 4},
+                        "note": {"type": ["string", "null"], "maxLength": 7}}}
+NESTED = {"$defs": {"city": {"type": "object", "required": ["name"], "additionalProperties": False,
+                             "properties": {"name": {"type": "string", "maxLength": 6},
+                                            "alias": {"type": "string", "pattern": "^[a-z]+$", "maxLength": 4}}}},
+          "type": "object", "required": ["from", "to", "legs"], "additionalProperties": False,
+          "properties": {"from": {"$ref": "#/$defs/city"}, "to": {"$ref": "#/$defs/city"},
+                         "legs": {"type": "array", "prefixItems": [{"type": "string", "maxLength": 2}],
+                                  "items": {"type": "integer"}, "maxItems": 3}}}
+MAPPING = {"type": "object", "additionalProperties": {"type": "string", "maxLength": 4}, "maxProperties": 3}
+ROOT = {"type": "string", "maxLength": 9}
+
+
+def harmony(schema: dict) -> StructuredOutputs:
+    return StructuredOutputs(json_schema=schema, harmony=True)
+
+
+def test_split_takes_out_plain_string_bounds_only() -> None:
+    bounds = split(NESTED)
+    assert bounds is not None and bounds.smallest == 2
+    city = bounds.unbounded["$defs"]["city"]["properties"]
+    assert "maxLength" not in city["name"] and city["alias"]["maxLength"] == 4  # a pattern keeps its bound
+    assert "maxLength" not in bounds.unbounded["properties"]["legs"]["prefixItems"][0]
+    assert NESTED["$defs"]["city"]["properties"]["name"]["maxLength"] == 6  # the request's schema untouched
+    assert split(BENCH) is not None and split(BENCH).smallest == 40  # type: ignore[union-attr]
+    assert stripped_bound({"type": ["string", "null"], "maxLength": 7}) == 7
+    assert stripped_bound({"type": "string", "maxLength": 7, "enum": ["a"]}) is None
+    assert stripped_bound({"maxLength": 7}) is None  # not declared a string: left to the grammar
+
+
+@pytest.mark.parametrize("schema", [
+    {"type": "object", "properties": {"a": {"anyOf": [{"type": "string", "maxLength": 3}, {"type": "integer"}]}}},
+    {"type": "object", "properties": {"a": {"type": "string", "maxLength": 3}}, "patternProperties": {"^x": {}}},
+    {"type": "object", "properties": {"a": {"$ref": "#/$defs/s", "maxLength": 3}}, "$defs": {"s": {"type": "string"}}},
+    {"type": "object", "properties": {"a": {"$ref": "https://example.com/s.json"}}},
+    {"type": "object", "properties": {"a": {"type": "string"}}},  # no bound to take out
+])
+def test_split_leaves_schemas_the_cursor_cannot_follow_or_need_not(schema: dict) -> None:
+    assert split(schema) is None
+    assert bounded_answer(harmony(schema), 64) is None
+
+
+def cursor_after(schema: dict, text: str) -> JsonCursor:
+    bounds = split(schema)
+    assert bounds is not None
+    cursor = JsonCursor(bounds)
+    cursor.feed(text.encode())
+    return cursor
+
+
+def test_cursor_counts_characters_as_the_decoded_string_has_them() -> None:
+    assert cursor_after(TIGHT, '{"code": "ab').remaining == 1
+    assert cursor_after(TIGHT, '{"code": "\\n\\u00e9').remaining == 1  # two escapes: two characters
+    assert cursor_after(TIGHT, '{"code": "é€').remaining == 1  # multi-byte: one each
+    assert cursor_after(TIGHT, '{"code": "\\u00').escape == 2  # inside an escape: not a boundary
+    assert cursor_after(TIGHT, '{"code": "abc", "tags": ["x", "yz').remaining == 3
+    assert cursor_after(TIGHT, '{"code": "abc", "tags": ["x"], "note": "a').remaining == 6
+    assert cursor_after(TIGHT, '{"co\\u0064e": "a').remaining == 2  # an escaped key is still "code"
+    assert cursor_after(NESTED, '{"from": {"name": "Par').remaining == 3
+    assert cursor_after(NESTED, '{"from": {"name": "P"}, "to": {"alias": "ab').remaining is None  # in the grammar
+    assert cursor_after(NESTED, '{"from": {"name": "P"}, "to": {"name": "L"}, "legs": ["a').remaining == 1
+    assert cursor_after(MAPPING, '{"any key": "abc').remaining == 1
+    assert cursor_after(ROOT, '"abcdef').remaining == 3
+    done = cursor_after(ROOT, '"abc"')
+    assert done.ended and not done.in_string
+    over = cursor_after(TIGHT, '{"code": "abcd')
+    assert over.overflow
+
+
+def test_token_runs_read_quotes_escapes_and_characters() -> None:
+    assert _runs(b'abc", "de', inside=True) == (3, 2)
+    assert _runs(b'a\\"b"', inside=True) == (3, 0)  # the escaped quote is one character of the run
+    assert _runs(b'\\u00e9x', inside=True) == (2, 0)
+    assert _runs(b'": "abcd', inside=True) == (0, 4)  # closes a key, opens its value
+    assert _runs(b' "abcd', inside=False) == (0, 4)
+    assert _runs('é"'.encode(), inside=True) == (1, 0)
+    runs = vocabulary_runs()
+    assert runs.first_masks.shape == (int(runs.first.max()), (len(token_bytes()) + 31) // 32)
+
+
+# (spec, max_tokens): harmony answers after free reasoning (budgets that end it soon) or straight
+# away, and raw completions whose whole output is the JSON.
+CASES = [(harmony(BENCH), 24), (harmony(TIGHT), None), (harmony(NESTED), 20), (harmony(MAPPING), None),
+         (StructuredOutputs(json_schema=TIGHT), None), (StructuredOutputs(json_schema=ROOT), None),
+         (StructuredOutputs(json_schema=NESTED), None), (harmony(ROOT), 16)]
+BATCH = 12
+STEPS = 260
+CONSTRAINED = 60  # tokens into an answer, at most, before a walk is replaced by a new request
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_bounded_masks_equal_llguidance_masks_with_the_bounds(seed: int) -> None:
+    from llguidance import LLMatcher
+    from llguidance.torch import fill_next_token_bitmask
+
+    rng = random.Random(seed)
+    vocab = load_tokenizer().vocab_size
+    data = token_bytes()
+    lead = np.frombuffer(utf8_shapes().lead, np.uint8)
+    tail = np.frombuffer(utf8_shapes().tail, np.uint8)
+    special = np.nonzero(lead == SPECIAL)[0].astype(np.int64)
+    quotes = np.array([t for t, b in enumerate(data) if b'"' in b], dtype=np.int64)
+    escapes = np.array([t for t, b in enumerate(data) if b"\\" in b], dtype=np.int64)
+    split_chars = np.nonzero((tail > 0) & (lead != SPECIAL))[0].astype(np.int64)
+    draw = Draw(rng, vocab, [(0.04, special), (0.12, quotes), (0.08, escapes), (0.06, split_chars)])
+    grammars = Grammars(vocab)
+    texts = [grammar_text(spec, max_tokens) for spec, max_tokens in CASES]
+    templates = [LLMatcher(harmony_lltokenizer(), text, log_level=0) for text in texts]
+    final = load_tokenizer().encoding.encode("<|channel|>final<|message|>", allowed_special="all")  # type: ignore[attr-defined]
+    walks: dict[str, tuple[int, object, list[int]]] = {}
+    seen: Counter[str] = Counter()
+    serial = 0
+
+    def begin(case: int) -> None:
+        nonlocal serial
+        rid = f"w{serial}"
+        serial += 1
+        spec, max_tokens = CASES[case]
+        answer = bounded_answer(spec, max_tokens)
+        assert answer is not None
+        grammars.start(rid, texts[case], free_channels(spec, max_tokens), answer)  # type: ignore[arg-type]
+        assert grammars.ready(wait=True) == [(rid, None)]
+        script = list(final) if spec.harmony and rng.random() < 0.6 else []  # else reason first
+        walks[rid] = (case, templates[case].deep_copy(), script)
+
+    for i in range(BATCH):
+        begin(i % len(CASES))
+    next_case = BATCH % len(CASES)
+    reference = torch.empty(1, grammars.words, dtype=torch.int32)
+    answered: Counter[str] = Counter()
+    for _ in range(STEPS):
+        rids = list(walks)
+        for rid in rids:
+            bounded = grammars.states[rid].bounded
+            assert bounded is not None
+            cursor = bounded.cursor
+            if cursor is not None and cursor.escape:
+                seen["escape"] += 1
+            elif cursor is not None and cursor.remaining is not None:
+                seen["near the bound" if cursor.remaining < 3 else "in a bounded string"] += 1
+        step = grammars.masks(rids)
+        assert step is not None and not step.dead
+        slots = {row: slot for slot, row in enumerate(step.rows)}
+        sampled = {}
+        for row, rid in enumerate(rids):
+            case, ref, script = walks[rid]
+            fill_next_token_bitmask(ref, reference)  # type: ignore[arg-type]
+            assert torch.equal(step.bits[slots[row]], reference[0]), f"{rid}: {CASES[case]}"
+            bits = reference[0].numpy()
+            if script and (bits[script[0] >> 5] >> (script[0] & 31)) & 1:
+                sampled[rid] = script.pop(0)
+                continue
+            script.clear()
+            sampled[rid] = draw(bits)
+        assert not grammars.accept(sampled)
+        for rid, token in sampled.items():
+            case, ref, _ = walks[rid]
+            assert ref.consume_token(token)  # type: ignore[attr-defined]
+            bounded = grammars.states[rid].bounded
+            assert bounded is not None
+            if bounded.cursor is not None:
+                answered[rid] += 1
+            if answered[rid] > CONSTRAINED or ref.is_stopped() and rng.random() < 0.5:  # type: ignore[attr-defined]
+                seen["ended" if ref.is_stopped() else "cut"] += 1  # type: ignore[attr-defined]
+                grammars.drop(rid)
+                del walks[rid]
+                begin(next_case)
+                next_case = (next_case + 1) % len(CASES)
+    for kind in ("escape", "near the bound", "in a bounded string", "ended"):
+        assert seen[kind] >= 5, (kind, seen)
+
+
+def test_the_engine_passes_the_bounds_and_answers_stay_valid() -> None:
+    """A JSON-schema request through the engine's grammars: every answer parses and keeps its bounds."""
+    import jsonschema
+
+    from osserve.structured.grammar import check
+
+    rng = random.Random(3)
+    vocab = load_tokenizer().vocab_size
+    grammars = Grammars(vocab)
+    draw = Draw(rng, vocab, [])
+    for n in range(6):
+        spec = StructuredOutputs(json_schema=TIGHT)
+        text = check(spec)
+        assert text is not None
+        grammars.start(f"r{n}", text, {}, bounded_answer(spec, None))
+        grammars.ready(wait=True)
+        out: list[int] = []
+        for _ in range(200):
+            step = grammars.masks([f"r{n}"])
+            assert step is not None and not step.dead
+            t = draw(step.bits[0].numpy())
+            if grammars.states[f"r{n}"].matcher.is_stopped():
+                break
+            out.append(t)
+            assert not grammars.accept({f"r{n}": t})
+        answer = json.loads(b"".join(token_bytes()[t] for t in out).decode())
+        jsonschema.validate(answer, TIGHT)
