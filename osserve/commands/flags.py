@@ -100,10 +100,12 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
                    help="the portable Triton kernels on any GPU, not the Hopper ones (Gluon MoE, programmatic "
                         "dependent launch, sm_90 PTX); the default on GPUs other than sm_90 (also: "
                         "OSSERVE_PORTABLE_KERNELS=1)")
-    g.add_argument("--async-scheduling", dest="no_async_scheduling", action="store_false",
+    # Both flags name the default: argparse takes a dest's default from the first flag added, and a
+    # store_false alone would default to True (every step finished before the next, 97ed7de..).
+    g.add_argument("--async-scheduling", dest="no_async_scheduling", action="store_false", default=False,
                    help="schedule step N+1 while step N runs on the GPU (the default)")
     g.add_argument("--no-async-scheduling", "--disable-overlap-schedule", dest="no_async_scheduling",
-                   action="store_true", help="finish each step before scheduling the next")
+                   action="store_true", default=False, help="finish each step before scheduling the next")
     g.add_argument("--admission-delay-ms", type=float, metavar="X", default=0.0,
                    help="while requests decode, let newcomers gather this long (or 32 of them) before a "
                         "prefill joins the batch: more decode-only (CUDA-graph) steps, a little more TTFT")

@@ -50,7 +50,9 @@ def has(args: argparse.Namespace, **expected: Any) -> bool:
 
 # ---------------------------------------------------------------------------------------- vLLM
 ACCEPTED_VLLM = [
-    ("vllm serve openai/gpt-oss-20b", dict(model="openai/gpt-oss-20b", tensor_parallel_size=1)),
+    # async scheduling is on unless a flag turns it off (a store_false flag once made it off by default)
+    ("vllm serve openai/gpt-oss-20b", dict(model="openai/gpt-oss-20b", tensor_parallel_size=1,
+                                           no_async_scheduling=False)),
     ("vllm serve openai/gpt-oss-120b", dict(model="openai/gpt-oss-120b")),
     ("vllm serve openai/gpt-oss-20b --async-scheduling", dict(model="openai/gpt-oss-20b", no_async_scheduling=False)),
     ("vllm serve openai/gpt-oss-120b --gpu-memory-utilization 0.95 --max-num-batched-tokens 1024",
@@ -274,3 +276,13 @@ def test_version_and_grouped_help(capsys: pytest.CaptureFixture[str]) -> None:
     assert heads[1:7] == ["model:", "engine:", "engine: parallelism:", "engine: speculative decoding:",
                           "engine: backends, other parallelism (refused with a reason):", "server:"]
     assert heads[-1] == "tools (the Responses API runs them for the model):"
+
+
+@pytest.mark.parametrize("command", [["serve"], ["bench", "latency"]])
+def test_async_scheduling_is_on_unless_turned_off(command: list[str]) -> None:
+    from osserve.cli import build_parser
+
+    parser = build_parser()
+    assert parser.parse_args([*command]).no_async_scheduling is False
+    assert parser.parse_args([*command, "--async-scheduling"]).no_async_scheduling is False
+    assert parser.parse_args([*command, "--no-async-scheduling"]).no_async_scheduling is True
