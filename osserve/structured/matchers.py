@@ -63,30 +63,45 @@ class Compiled:
 
 @dataclass
 class Bounded:
-    """A request whose answer's string bounds are enforced beside its grammar (module docstring)."""
+    """A request whose answer's string bounds are enforced beside its grammar (module docstring).
+    Until its answer starts the two grammars agree, so the fast matcher is fed the tokens before it
+    only then, in one call; once the answer is complete the request needs it no more."""
 
     fast: LLMatcher  # of the grammar without the bounds
     filter: BoundFilter
     answer: BoundedAnswer
     cursor: JsonCursor | None = None  # over the answer, from its first byte
     header: bytearray | None = None  # harmony: the channel name being read
+    pending: list[int] = field(default_factory=list)  # tokens the fast matcher has yet to see
 
-    def feed(self, token: int) -> None:
+    def feed(self, token: int) -> bool:
+        """Advance past an accepted token; False where the fast matcher rejects it (it cannot: its
+        grammar takes more), and the request goes on with the bounded grammar alone."""
         if self.cursor is not None:
             self.cursor.feed(token_bytes()[token])
-        elif token == CHANNEL:
+            return self.fast.consume_token(token)
+        self.pending.append(token)
+        if token == CHANNEL:
             self.header = bytearray()
         elif token == MESSAGE:
             if self.header == b"final":  # the answer's first byte comes next
                 self.cursor = JsonCursor(self.answer.bounds)
+                ok = self.fast.consume_tokens(self.pending)
+                self.pending.clear()
+                return ok
             self.header = None
         elif self.header is not None:
             self.header += token_bytes()[token]
+        return True
 
     @property
     def fills(self) -> bool:
-        """Whether the fast matcher fills the next mask (not inside an escape sequence)."""
-        return self.cursor is None or not self.cursor.escape
+        """Whether the fast matcher fills the next mask: inside the answer, not inside an escape."""
+        return self.cursor is not None and not self.cursor.escape
+
+    @property
+    def done(self) -> bool:
+        return self.cursor is not None and self.cursor.ended
 
 
 @dataclass
@@ -180,6 +195,7 @@ class Grammars:
             budgets = {name.encode(): budget for name, budget in free.items()}
             bounded = None
             if fast is not None and answer is not None and not fast.is_error():
+                # A raw completion's answer is its whole output: the cursor reads from the start.
                 bounded = Bounded(fast, BoundFilter(vocabulary_runs(), answer.bounds.smallest), answer,
                                   None if answer.harmony else JsonCursor(answer.bounds))
             self.states[rid] = GrammarState(matcher, compiled.masks,
@@ -210,11 +226,8 @@ class Grammars:
                 state.failed = f"the output grammar rejected token {token}: {state.matcher.get_error()}"
                 rejected.add(rid)
                 continue
-            if state.bounded is not None:
-                if state.bounded.fast.consume_token(token):
-                    state.bounded.feed(token)
-                else:  # cannot be (the grammar without bounds takes more): the bounded grammar fills from now
-                    state.bounded = None
+            if state.bounded is not None and (not state.bounded.feed(token) or state.bounded.done):
+                state.bounded = None  # the bounded grammar alone from now
             if state.free is not None and state.free.phase is not Phase.OFF:
                 state.free.feed(token, harmony_lltokenizer().decode_bytes([token]) if state.free.in_header else None)
         return rejected
@@ -248,16 +261,15 @@ class Grammars:
         filled = [k for k, mask in enumerate(shared) if mask is None]
         order = filled + sorted((k for k, mask in enumerate(shared) if mask is not None), key=lambda k: id(shared[k]))
         bits = self._buffer[: len(rows)]
-        fast = [slot for slot, k in enumerate(filled) if (b := states[k].bounded) is not None and b.fills]
+        # A bounded answer's row is filled by its fast matcher, then its cursor clears what overflows.
+        fast = {slot: b for slot, k in enumerate(filled) if (b := states[k].bounded) is not None and b.fills}
         if filled:
-            fast_slots = set(fast)
             fill_next_token_bitmask_par(
-                self._executor, [(b.fast if slot in fast_slots and (b := states[k].bounded) is not None
-                                  else states[k].matcher, slot) for slot, k in enumerate(filled)], bits)
-        for slot in fast:
-            bounded = states[filled[slot]].bounded
-            if bounded is not None and bounded.cursor is not None:
-                bounded.filter.apply(bounded.cursor, bits[slot].numpy(), token_bytes())
+                self._executor, [(fast[slot].fast if slot in fast else states[k].matcher, slot)
+                                 for slot, k in enumerate(filled)], bits)
+        for slot, bounded in fast.items():
+            assert bounded.cursor is not None
+            bounded.filter.apply(bounded.cursor, bits[slot].numpy(), token_bytes())
         for slot in range(len(filled), len(rows)):
             mask = shared[order[slot]]
             assert mask is not None

@@ -165,9 +165,8 @@ def test_bounded_masks_equal_llguidance_masks_with_the_bounds(seed: int) -> None
     for _ in range(STEPS):
         rids = list(walks)
         for rid in rids:
-            bounded = grammars.states[rid].bounded
-            assert bounded is not None
-            cursor = bounded.cursor
+            bounded = grammars.states[rid].bounded  # None once the answer is complete
+            cursor = bounded.cursor if bounded is not None else None
             if cursor is not None and cursor.escape:
                 seen["escape"] += 1
             elif cursor is not None and cursor.remaining is not None:
@@ -191,8 +190,7 @@ def test_bounded_masks_equal_llguidance_masks_with_the_bounds(seed: int) -> None
             case, ref, _ = walks[rid]
             assert ref.consume_token(token)  # type: ignore[attr-defined]
             bounded = grammars.states[rid].bounded
-            assert bounded is not None
-            if bounded.cursor is not None:
+            if bounded is None or bounded.cursor is not None:
                 answered[rid] += 1
             if answered[rid] > CONSTRAINED or ref.is_stopped() and rng.random() < 0.5:  # type: ignore[attr-defined]
                 seen["ended" if ref.is_stopped() else "cut"] += 1  # type: ignore[attr-defined]
