@@ -7,12 +7,14 @@ bound (length_bounds.stripped_bound of its schema) and the characters written so
 are counted as llguidance counts them: the decoded string's, so one per UTF-8 character (at its
 first byte) and one per escape sequence (at its backslash).
 
-BoundFilter clears, in a row's mask from the grammar without bounds, the tokens the bounds forbid:
+TokenRuns.clear_overflows clears, in a row's mask from the grammar without bounds, the tokens the
+bounds forbid:
 - inside a bounded string with r characters left, every token whose characters before its first
   unescaped quote exceed r (one AND with a mask precomputed per r);
 - anywhere, a token that would also open another bounded string and overflow it (`", "abc…`): the
   few tokens with a long enough quoted run are tried on a copy of the cursor.
-Mid-escape (a token ended inside `\\u00e9`) the row is left to the grammar with bounds.
+Mid-escape (a token ended inside `\\u00e9`) the row is left to the grammar with bounds
+(matchers.Bounded.fills).
 """
 
 from __future__ import annotations
@@ -28,6 +30,19 @@ from osserve.structured.length_bounds import LengthBounds, item_schema, property
 from osserve.structured.vocabulary import token_bytes
 
 QUOTE, BACKSLASH = 0x22, 0x5C
+
+
+def string_byte(escape: int, byte: int) -> tuple[int, bool, bool]:
+    """One byte inside a JSON string, given the escape state before it (0: none, -1: right after
+    a backslash, 1-4: a \\u escape's hex digits still to come): (the escape state after it, whether
+    it starts a character, whether it is the closing quote). The one place characters are counted."""
+    if escape == -1:  # the escape's letter
+        return (4 if byte == ord("u") else 0), False, False
+    if escape > 0:
+        return escape - 1, False, False
+    if byte == QUOTE:
+        return 0, False, True
+    return (-1 if byte == BACKSLASH else 0), byte & 0xC0 != 0x80, False
 
 
 @dataclass
@@ -101,13 +116,8 @@ class JsonCursor:
     def _string_byte(self, byte: int) -> None:
         if self.is_key:
             self.key_bytes.append(byte)
-        if self.escape == -1:  # the escape's letter
-            self.escape = 4 if byte == ord("u") else 0
-            return
-        if self.escape > 0:
-            self.escape -= 1
-            return
-        if byte == QUOTE:
+        self.escape, starts, closes = string_byte(self.escape, byte)
+        if closes:
             self.in_string = False
             if self.is_key and self.stack:
                 try:
@@ -116,10 +126,7 @@ class JsonCursor:
                     self.stack[-1].key = ""
             elif not self.stack:
                 self.ended = True
-            return
-        if byte == BACKSLASH:
-            self.escape = -1
-        if byte & 0xC0 != 0x80:  # a character's first byte (or an escape's backslash)
+        elif starts:
             self.chars += 1
             if self.bound is not None and self.chars > self.bound:
                 self.overflow = True
@@ -132,9 +139,11 @@ class TokenRuns:
     character boundary; `later_inside` / `later_outside`: the most characters of any later quoted
     run (a string it opens), starting inside a string or outside one."""
 
+    vocab: list[bytes] = field(repr=False)
     first: np.ndarray
     later_inside: np.ndarray
     later_outside: np.ndarray
+    _suspects: dict[tuple[bool, int], np.ndarray] = field(default_factory=dict, repr=False, compare=False)
 
     @functools.cached_property
     def first_masks(self) -> np.ndarray:
@@ -148,6 +157,30 @@ class TokenRuns:
             out[r].view(np.uint8)[: len(bits)] = bits
         return out
 
+    def suspects(self, inside: bool, smallest: int) -> np.ndarray:
+        """Tokens whose later runs could overflow a bound of at least `smallest`, starting inside a
+        string or outside one (kept: one schema's bounds meet the same few tokens every step)."""
+        key = (inside, smallest)
+        if key not in self._suspects:
+            self._suspects[key] = np.flatnonzero((self.later_inside if inside else self.later_outside) > smallest)
+        return self._suspects[key]
+
+    def clear_overflows(self, cursor: JsonCursor, row: np.ndarray, smallest: int) -> None:
+        """Clear the row's tokens (int32 mask words, from the grammar without bounds) that would
+        overflow a bound; `smallest` is the schema's smallest. The cursor is not inside an escape."""
+        if cursor.ended:
+            return
+        remaining = cursor.remaining
+        if remaining is not None and remaining < len(self.first_masks):
+            row &= self.first_masks[max(remaining, 0)]
+        bits = row.view(np.uint32)
+        for t in self.suspects(cursor.in_string, smallest):
+            if bits[t >> 5] >> (t & 31) & 1:
+                trial = cursor.clone()
+                trial.feed(self.vocab[t])
+                if trial.overflow:
+                    bits[t >> 5] &= ~np.uint32(1 << (t & 31))
+
 
 def token_runs(vocab: list[bytes]) -> TokenRuns:
     n = len(vocab)
@@ -158,7 +191,7 @@ def token_runs(vocab: list[bytes]) -> TokenRuns:
             continue
         first[t], later_in[t] = _runs(data, inside=True)
         _, later_out[t] = _runs(data, inside=False)
-    return TokenRuns(first, later_in, later_out)
+    return TokenRuns(vocab, first, later_in, later_out)
 
 
 def _runs(data: bytes, inside: bool) -> tuple[int, int]:
@@ -171,58 +204,17 @@ def _runs(data: bytes, inside: bool) -> tuple[int, int]:
         if not inside:
             if b == QUOTE:
                 inside, count, escape = True, 0, 0
-        elif escape == -1:  # the escape's letter
-            escape = 4 if b == ord("u") else 0
-        elif escape > 0:  # a \u escape's hex digits
-            escape -= 1
-        elif b == QUOTE:
+            continue
+        escape, starts, closes = string_byte(escape, b)
+        if closes:
             runs.append(count)
             inside = False
-        else:
-            if b == BACKSLASH:
-                escape = -1
-            count += b & 0xC0 != 0x80
+        count += starts
     if inside:
         runs.append(count)
     if opened_before:
         return runs[0], max(runs[1:], default=0)
     return 0, max(runs, default=0)
-
-
-@dataclass
-class BoundFilter:
-    """The bound's mask for one row, from its cursor (see the module docstring)."""
-
-    runs: TokenRuns
-    smallest: int  # the schema's smallest stripped bound: runs no longer than it cannot overflow
-    _suspects: dict[bool, np.ndarray] = field(default_factory=dict)
-
-    def suspects(self, inside: bool) -> np.ndarray:
-        """Tokens whose later runs could overflow the smallest bound, starting inside or outside."""
-        if inside not in self._suspects:
-            later = self.runs.later_inside if inside else self.runs.later_outside
-            self._suspects[inside] = np.flatnonzero(later > self.smallest)
-        return self._suspects[inside]
-
-    def apply(self, cursor: JsonCursor, row: np.ndarray, vocab: list[bytes]) -> bool:
-        """Clear the row's (int32 mask words, from the unbounded grammar) tokens that would overflow
-        a bound. False: the cursor cannot tell here (mid-escape), the row needs the bounded grammar."""
-        if cursor.escape:
-            return False
-        if cursor.ended:
-            return True
-        remaining = cursor.remaining
-        masks = self.runs.first_masks
-        if remaining is not None and remaining < len(masks):
-            row &= masks[max(remaining, 0)]
-        bits = row.view(np.uint32)
-        for t in self.suspects(cursor.in_string):
-            if bits[t >> 5] >> (t & 31) & 1:
-                trial = cursor.clone()
-                trial.feed(vocab[t])
-                if trial.overflow:
-                    bits[t >> 5] &= ~np.uint32(1 << (t & 31))
-        return True
 
 
 @functools.cache

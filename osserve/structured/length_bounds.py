@@ -21,6 +21,7 @@ compares the masks with llguidance's own over random walks).
 from __future__ import annotations
 
 import copy
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -65,8 +66,18 @@ def split(schema: dict[str, Any]) -> LengthBounds | None:
     if not bounds:
         return None
     unbounded = copy.deepcopy(schema)
-    _strip(unbounded, 0)
+    _strip(unbounded)
     return LengthBounds(schema, unbounded, min(bounds))
+
+
+def _children(node: dict[str, Any]) -> Iterator[Any]:
+    """The schemas a node holds under the keywords the cursor follows (SCHEMA_VALUED)."""
+    for key in ("properties", "$defs", "definitions"):
+        yield from node.get(key, {}).values()
+    for key in ("items", "additionalProperties"):
+        if key in node:
+            yield node[key]
+    yield from node.get("prefixItems", [])
 
 
 def _followable(node: Any, depth: int, bounds: list[int]) -> bool:
@@ -78,32 +89,22 @@ def _followable(node: Any, depth: int, bounds: list[int]) -> bool:
     if ref is not None and (not isinstance(ref, str) or not ref.startswith("#")
                             or set(node) - {"$ref", "title", "description", "$comment"}):
         return False  # a remote $ref, or one with siblings (they would apply as allOf does)
+    if not all(isinstance(node.get(key, {}), dict) for key in ("properties", "$defs", "definitions")) \
+            or not isinstance(node.get("prefixItems", []), list):
+        return False
     bound = stripped_bound(node)
     if bound is not None:
         bounds.append(bound)
-    for key in ("properties", "$defs", "definitions"):
-        children = node.get(key, {})
-        if not isinstance(children, dict) or not all(_followable(c, depth + 1, bounds) for c in children.values()):
-            return False
-    for key in ("items", "additionalProperties"):
-        if key in node and not _followable(node[key], depth + 1, bounds):
-            return False
-    prefix = node.get("prefixItems", [])
-    return isinstance(prefix, list) and all(_followable(c, depth + 1, bounds) for c in prefix)
+    return all(_followable(child, depth + 1, bounds) for child in _children(node))
 
 
-def _strip(node: Any, depth: int) -> None:
+def _strip(node: Any) -> None:
     if not isinstance(node, dict):
         return
     if stripped_bound(node) is not None:
         del node["maxLength"]
-    for key in ("properties", "$defs", "definitions"):
-        for child in node.get(key, {}).values():
-            _strip(child, depth + 1)
-    for key in ("items", "additionalProperties"):
-        _strip(node.get(key), depth + 1)
-    for child in node.get("prefixItems", []):
-        _strip(child, depth + 1)
+    for child in _children(node):
+        _strip(child)
 
 
 def resolve(root: dict[str, Any], node: Any) -> Any:

@@ -35,7 +35,7 @@ import torch
 
 from osserve.structured.free_text import FreeText, Phase
 from osserve.structured.grammar import BoundedAnswer
-from osserve.structured.json_cursor import BoundFilter, JsonCursor, vocabulary_runs
+from osserve.structured.json_cursor import JsonCursor, vocabulary_runs
 from osserve.structured.vocabulary import harmony_lltokenizer, token_bytes, utf8_shapes
 from osserve.tokenizer import CHANNEL, MESSAGE
 
@@ -68,7 +68,6 @@ class Bounded:
     only then, in one call; once the answer is complete the request needs it no more."""
 
     fast: LLMatcher  # of the grammar without the bounds
-    filter: BoundFilter
     answer: BoundedAnswer
     cursor: JsonCursor | None = None  # over the answer, from its first byte
     header: bytearray | None = None  # harmony: the channel name being read
@@ -196,8 +195,7 @@ class Grammars:
             bounded = None
             if fast is not None and answer is not None and not fast.is_error():
                 # A raw completion's answer is its whole output: the cursor reads from the start.
-                bounded = Bounded(fast, BoundFilter(vocabulary_runs(), answer.bounds.smallest), answer,
-                                  None if answer.harmony else JsonCursor(answer.bounds))
+                bounded = Bounded(fast, answer, None if answer.harmony else JsonCursor(answer.bounds))
             self.states[rid] = GrammarState(matcher, compiled.masks,
                                             FreeText(budgets, utf8_shapes()) if budgets else None, bounded=bounded)
             done.append((rid, None))
@@ -267,9 +265,10 @@ class Grammars:
             fill_next_token_bitmask_par(
                 self._executor, [(fast[slot].fast if slot in fast else states[k].matcher, slot)
                                  for slot, k in enumerate(filled)], bits)
+        runs = vocabulary_runs() if fast else None
         for slot, bounded in fast.items():
-            assert bounded.cursor is not None
-            bounded.filter.apply(bounded.cursor, bits[slot].numpy(), token_bytes())
+            assert runs is not None and bounded.cursor is not None
+            runs.clear_overflows(bounded.cursor, bits[slot].numpy(), bounded.answer.bounds.smallest)
         for slot in range(len(filled), len(rows)):
             mask = shared[order[slot]]
             assert mask is not None

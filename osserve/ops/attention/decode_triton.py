@@ -199,7 +199,7 @@ def paged_decode_triton(
     scale: float, window: int | None, max_seq_len: int, out: torch.Tensor,
     num_splits: int | None = None, block_n: int | None = None,
     k_scales: torch.Tensor | None = None, v_scales: torch.Tensor | None = None,
-    num_warps: int = 4, num_stages: int = 2,
+    num_warps: int | None = None, num_stages: int | None = None,
 ) -> None:
     """Decode: q [T, H, D] with one row per sequence that has a query (rows via query_start_loc).
     k_scales / v_scales: an FP8 cache's scales (attention/kv_format.py). num_warps / num_stages:
@@ -232,7 +232,7 @@ def paged_decode_triton(
         NUM_HEADS=num_heads, GROUP=group, GROUP_P=max(16, triton.next_power_of_2(group)),
         BLOCK_N=block_n, HEAD_DIM=head_dim, BLOCK_SIZE=block_size, HAS_WINDOW=window is not None,
         NUM_SPLITS=num_splits, PDL=pdl, PREFETCH=prefetch_before_wait(q.device), FP8=k_scales is not None,
-        num_warps=num_warps, num_stages=num_stages,
+        num_warps=num_warps or 4, num_stages=num_stages or 2,
         launch_pdl=pdl,
     )
     if num_splits > 1:

@@ -297,8 +297,7 @@ def paged_attention_triton(
     if is_decode and tree is None:
         paged_decode_triton(q, k_cache, v_cache, sinks, query_start_loc, seq_lens, block_tables,
                             scale, window, max_seq_len, out, num_splits=num_splits, block_n=block_n,
-                            k_scales=k_scales, v_scales=v_scales, num_warps=num_warps or 4,
-                            num_stages=num_stages or 2)
+                            k_scales=k_scales, v_scales=v_scales, num_warps=num_warps, num_stages=num_stages)
     else:
         _prefill(q, k_cache, v_cache, sinks, query_start_loc, seq_lens, block_tables, scale, window,
                  max_query_len, out, block_m=block_m, block_n=block_n, num_stages=num_stages, tree=tree,
