@@ -90,6 +90,9 @@ class LLMEngine:
         self.prompt_tokens_total = 0
         self.generation_tokens_total = 0
         self.profile = StepProfile()
+        # Host time waiting for sampled ids and spent on grammars since the profile's last step: a
+        # structured step waits, and feeds its matchers, inside its launch (StepProfile).
+        self._waited = self._grammar_time = 0.0
         self.in_flight: InFlightStep | None = None
         self.grammars = Grammars(parts.model_config.vocab_size, pin_memory=self.runner.device.type == "cuda")
         self.compiling: dict[str, Request] = {}  # waiting for their grammar before they are scheduled
@@ -182,6 +185,7 @@ class LLMEngine:
                 self.step()
         self.prompt_tokens_total = self.generation_tokens_total = 0
         self.profile = StepProfile()
+        self._waited = self._grammar_time = 0.0
         self.kv.stats = KVCacheStats()
         if self.spec is not None:
             self.spec.reset_stats()
@@ -230,6 +234,7 @@ class LLMEngine:
             self.in_flight = None
             return self._finish(prev) if prev is not None else []
         t1 = time.perf_counter()
+        waited, grammar_time = self._waited, self._grammar_time
         entries, rows, prompt_tokens = self._batch(out, prev)
         step_logits = self.runner.run(entries, prev.token_ids if prev is not None else None, out.block_copies)
         masks = None
@@ -239,7 +244,9 @@ class LLMEngine:
             # have reached the device once its tokens are on the host.)
             if prev is not None:
                 self._collect(prev)
+            start = time.perf_counter()
             masks = self.grammars.masks([r.request_id for r in rows])
+            self._grammar_time += time.perf_counter() - start
         result = self._launch_sample(rows, step_logits.logits, step_logits.greedy,
                                      (masks.rows, masks.bits) if masks is not None else None)
         # The ids are on the host already where the sampler took the head's greedy ids as they are.
@@ -250,7 +257,8 @@ class LLMEngine:
         self.prompt_tokens_total += prompt_tokens
         t2 = time.perf_counter()
         has_prefill = any(s.num_new_tokens > 1 for s in out.scheduled)
-        step = start_host_copy(out, rows, result, (t1 - t0, t2 - t1, has_prefill), on_host)
+        launch = t2 - t1 - (self._waited - waited) - (self._grammar_time - grammar_time)
+        step = start_host_copy(out, rows, result, (t1 - t0, launch, has_prefill), on_host)
         if masks is not None:
             step.grammar_dead = {rows[i].request_id for i in masks.dead}
         deltas = self._finish(prev) if prev is not None else []
@@ -336,8 +344,8 @@ class LLMEngine:
         """Wait for a step's tokens on the host; update the requests; turn tokens into deltas.
         `result` (the sampler's output) is given when the step was not left in flight, for logprobs."""
         t2 = time.perf_counter()
+        waited, grammar_time = self._waited, self._grammar_time
         sampled = self._collect(step)
-        t3 = time.perf_counter()
         deltas = [self._end_by_grammar(rid) for rid in step.grammar_dead if rid in self.requests]
         logprobs: dict[str, TokenLogprob | None] = {}
         if result is not None and result.logprobs is not None:
@@ -357,8 +365,10 @@ class LLMEngine:
                 self.scheduler.finish(req.request_id, delta.finish_reason or "stop")  # a stop string
             deltas.append(self._retire(delta) if delta.finished else delta)
         schedule, launch, has_prefill = step.profile
-        self.profile.add(len(step.out.scheduled), schedule, launch, t3 - t2, time.perf_counter() - t3,
-                         has_prefill=has_prefill, in_flight=step.out.tokens_pending)
+        post = time.perf_counter() - t2 - (self._waited - waited) - (self._grammar_time - grammar_time)
+        self.profile.add(len(step.out.scheduled), schedule, launch, self._waited, post,
+                         has_prefill=has_prefill, in_flight=step.out.tokens_pending, grammar=self._grammar_time)
+        self._waited = self._grammar_time = 0.0
         return deltas
 
     def _collect(self, step: InFlightStep) -> Mapping[str, int | list[int]]:
@@ -367,14 +377,18 @@ class LLMEngine:
         (A speculative step comes with its tokens, a list for each request that verified drafts.)"""
         if step.sampled is None:
             if step.copied is not None:
+                start = time.perf_counter()
                 step.copied.synchronize()
+                self._waited += time.perf_counter() - start
             token_ids = step.host_ids.tolist()
             sampled = {rid: token_ids[i] for rid, i in step.rows.items()}
             step.sampled = sampled
             if self.grammars.states:  # only to the requests of this step (not a newcomer with a reused id)
+                start = time.perf_counter()
                 live = {r.request_id: sampled[r.request_id] for r in step.requests
                         if self.requests.get(r.request_id) is r}
                 step.grammar_dead |= self.grammars.accept(live)
+                self._grammar_time += time.perf_counter() - start
         return step.sampled
 
     def _end_by_grammar(self, request_id: str) -> CompletionDelta:

@@ -9,8 +9,9 @@ from dataclasses import dataclass
 @dataclass
 class StepProfile:
     """Where the step loop's wall time goes (host clock). `launch` is building the batch and
-    queueing the forward; `gpu_wait` is the sampler waiting for the GPU; `post` is stop checks,
-    detokenisation and deltas. Logged by the server every `every` steps."""
+    queueing the forward and the sampler; `gpu_wait` is waiting for a step's sampled ids, wherever
+    the loop waits for them; `grammar` is feeding the structured-output matchers and filling their
+    masks; `post` is stop checks, detokenisation and deltas. Logged by the server every `every` steps."""
 
     steps: int = 0
     requests: int = 0
@@ -18,12 +19,13 @@ class StepProfile:
     launch: float = 0.0
     gpu_wait: float = 0.0
     post: float = 0.0
+    grammar: float = 0.0
     steps_with_prefill: int = 0  # these run eagerly; decode-only steps replay a CUDA graph (GPU)
     steps_in_flight: int = 0  # left running while the next one was scheduled (async scheduling)
     every: int = 500
 
     def add(self, batch: int, schedule: float, launch: float, gpu_wait: float, post: float,
-            has_prefill: bool = False, in_flight: bool = False) -> None:
+            has_prefill: bool = False, in_flight: bool = False, grammar: float = 0.0) -> None:
         self.steps += 1
         self.steps_with_prefill += has_prefill
         self.steps_in_flight += in_flight
@@ -32,6 +34,7 @@ class StepProfile:
         self.launch += launch
         self.gpu_wait += gpu_wait
         self.post += post
+        self.grammar += grammar
 
     def summary(self) -> str:
         n = max(self.steps, 1)
@@ -39,4 +42,5 @@ class StepProfile:
                 f"), mean batch {self.requests / n:.1f}; "
                 f"ms per step: schedule "
                 f"{1000 * self.schedule / n:.2f}, build+launch {1000 * self.launch / n:.2f}, wait for GPU "
-                f"{1000 * self.gpu_wait / n:.2f}, outputs {1000 * self.post / n:.2f}")
+                f"{1000 * self.gpu_wait / n:.2f}, grammar {1000 * self.grammar / n:.2f}, "
+                f"outputs {1000 * self.post / n:.2f}")

@@ -13,7 +13,11 @@ same at almost every step (free_text.py says where), and many more have finished
 may only repeat a stop token. Those rows skip llguidance: each takes its grammar's mask for that
 state, learnt from llguidance the first time a request of the grammar is there and kept with the
 compiled grammar, and copied into its buffer row only when the row held another mask the step
-before (their matchers still see every token). The rows llguidance fills come first in the buffer.
+before. The rows llguidance fills come first in the buffer. Such a row's token was drawn from the
+grammar's own mask, so its matcher need not check it at once: free text's tokens wait in a list and
+reach the matcher in one call when the row next needs llguidance, and a finished grammar's stop
+tokens (which change nothing) are not fed at all. (At 256 rows a step that halved the host's
+grammar time; benchmarks/bench_masks.py.)
 
 A JSON-schema answer whose strings' maxLength can be taken out of the grammar (length_bounds.py)
 gets a second matcher, of the grammar without them, which fills its masks; its JsonCursor then
@@ -110,6 +114,8 @@ class GrammarState:
     free: FreeText | None = None  # where it stands in its free channels (None: the grammar has none)
     failed: str | None = None  # why the grammar cannot go on: the request ends with finish reason "grammar"
     bounded: Bounded | None = None
+    key: bytes | None = None  # the shared mask the next token takes (Grammars.next_key), None: llguidance's
+    behind: list[int] = field(default_factory=list)  # accepted free text the matcher has yet to see
 
 
 @dataclass
@@ -161,7 +167,7 @@ class Grammars:
     def _compile(self, grammar: str) -> tuple[LLMatcher, Compiled]:
         from llguidance import LLMatcher
 
-        utf8_shapes()  # built once, here rather than on the step loop
+        utf8_shapes(), token_bytes()  # built once, here rather than on the step loop
         with self._cache_lock:
             compiled = self._cache.get(grammar)
             if compiled is not None:
@@ -196,8 +202,10 @@ class Grammars:
             if fast is not None and answer is not None and not fast.is_error():
                 # A raw completion's answer is its whole output: the cursor reads from the start.
                 bounded = Bounded(fast, answer, None if answer.harmony else JsonCursor(answer.bounds))
-            self.states[rid] = GrammarState(matcher, compiled.masks,
-                                            FreeText(budgets, utf8_shapes()) if budgets else None, bounded=bounded)
+            state = GrammarState(matcher, compiled.masks, FreeText(budgets, utf8_shapes()) if budgets else None,
+                                 bounded=bounded)
+            state.key = self.next_key(state, None)
+            self.states[rid] = state
             done.append((rid, None))
         return done
 
@@ -218,17 +226,42 @@ class Grammars:
         rejected = set()
         for rid, token in sampled.items():
             state = self.states.get(rid)
-            if state is None or state.failed is not None:
+            if state is None or state.failed is not None or state.key == STOPPED and STOPPED in state.masks:
+                continue  # a finished grammar's stop token: its state stays as it is
+            if state.bounded is not None and (not state.bounded.feed(token) or state.bounded.done):
+                state.bounded = None  # the bounded grammar alone from now
+            free = state.free
+            channel = None
+            if free is not None and free.phase is not Phase.OFF:
+                free.feed(token, token_bytes()[token] if free.in_header else None)
+                channel = free.free_channel()
+            if channel is not None and channel in state.masks:
+                state.behind.append(token)  # the next mask is known without the matcher: it may wait
+                state.key = channel
                 continue
-            if not state.matcher.consume_token(token):
+            if state.behind:
+                state.behind.append(token)
+                ok = state.matcher.consume_tokens(state.behind)
+                state.behind.clear()
+            else:
+                ok = state.matcher.consume_token(token)
+            if not ok:
                 state.failed = f"the output grammar rejected token {token}: {state.matcher.get_error()}"
                 rejected.add(rid)
                 continue
-            if state.bounded is not None and (not state.bounded.feed(token) or state.bounded.done):
-                state.bounded = None  # the bounded grammar alone from now
-            if state.free is not None and state.free.phase is not Phase.OFF:
-                state.free.feed(token, harmony_lltokenizer().decode_bytes([token]) if state.free.in_header else None)
+            state.key = self.next_key(state, channel)
         return rejected
+
+    def next_key(self, state: GrammarState, channel: bytes | None) -> bytes | None:
+        """The key of the shared mask the state's next token takes (its free channel's, or STOPPED),
+        or None: llguidance fills it. channel: the free channel the state is in (FreeText's)."""
+        if not self.shared_masks:
+            return None
+        if channel is not None:
+            return channel
+        if state.matcher.is_stopped() and not state.matcher.is_error():
+            return STOPPED
+        return None
 
     def constrains(self, request_id: str) -> bool:
         """Whether the request's next token is masked. A grammar that is complete still is: its mask
@@ -238,68 +271,65 @@ class Grammars:
 
     def masks(self, request_ids: list[str]) -> StepMasks | None:
         """The masks of the step's rows that are constrained (None: no row is)."""
-        rows = [i for i, rid in enumerate(request_ids) if self.constrains(rid)]
-        if not rows:
+        filled: list[tuple[int, GrammarState]] = []  # (row, state): llguidance fills these
+        shared: list[tuple[int, torch.Tensor]] = []  # (row, the grammar's shared mask)
+        for row, rid in enumerate(request_ids):
+            state = self.states.get(rid)
+            if state is None or state.failed is not None:
+                continue
+            mask = state.masks.get(state.key) if state.key is not None else None
+            if mask is None:
+                filled.append((row, state))
+            else:
+                shared.append((row, mask))
+        n = len(filled) + len(shared)
+        if not n:
             return None
         from llguidance.torch import fill_next_token_bitmask_par
 
-        if self._buffer.shape[0] < len(rows):
-            self._buffer = torch.empty(max(len(rows), 2 * self._buffer.shape[0]), self.words, dtype=torch.int32,
+        if self._buffer.shape[0] < n:
+            self._buffer = torch.empty(max(n, 2 * self._buffer.shape[0]), self.words, dtype=torch.int32,
                                        pin_memory=self.pin_memory)
             self._holds = [None] * self._buffer.shape[0]
         if self._executor is None:
             from llguidance import LLExecutor
 
             self._executor = LLExecutor(MASK_THREADS)
-        states = [self.states[request_ids[row]] for row in rows]
-        keys = [self._shared_key(state) if self.shared_masks else None for state in states]
-        shared = [state.masks.get(key) if key is not None else None for state, key in zip(states, keys, strict=True)]
+        bits = self._buffer[:n]
         # llguidance's rows first; then the shared ones, those of one mask together, so that a buffer
         # row mostly holds the same mask as the step before (and is not copied again).
-        filled = [k for k, mask in enumerate(shared) if mask is None]
-        order = filled + sorted((k for k, mask in enumerate(shared) if mask is not None), key=lambda k: id(shared[k]))
-        bits = self._buffer[: len(rows)]
+        shared.sort(key=lambda row_mask: id(row_mask[1]))
         # A bounded answer's row is filled by its fast matcher, then its cursor clears what overflows.
-        fast = {slot: b for slot, k in enumerate(filled) if (b := states[k].bounded) is not None and b.fills}
+        fast = {slot: b for slot, (_, state) in enumerate(filled) if (b := state.bounded) is not None and b.fills}
         if filled:
             fill_next_token_bitmask_par(
-                self._executor, [(fast[slot].fast if slot in fast else states[k].matcher, slot)
-                                 for slot, k in enumerate(filled)], bits)
+                self._executor, [(fast[slot].fast if slot in fast else state.matcher, slot)
+                                 for slot, (_, state) in enumerate(filled)], bits)
         runs = vocabulary_runs() if fast else None
         for slot, bounded in fast.items():
             assert runs is not None and bounded.cursor is not None
             runs.clear_overflows(bounded.cursor, bits[slot].numpy(), bounded.answer.bounds.smallest)
-        for slot in range(len(filled), len(rows)):
-            mask = shared[order[slot]]
-            assert mask is not None
-            if self._holds[slot] is not mask:
+        holds = self._holds
+        for slot, (_, mask) in enumerate(shared, len(filled)):
+            if holds[slot] is not mask:
                 bits[slot].copy_(mask)
-                self._holds[slot] = mask
-        # numpy, not torch: torch's intra-op threads on a busy host made this small scan take ms.
-        empty = (np.count_nonzero(bits[: len(filled)].numpy(), axis=1) == 0).tolist()
+                holds[slot] = mask
         dead = []
-        for slot, k in enumerate(filled):
-            self._holds[slot] = None
-            state, key = states[k], keys[k]
-            if state.matcher.is_error() or empty[slot]:
-                state.failed = "the output grammar allows no next token" + (
-                    f": {state.matcher.get_error()}" if state.matcher.is_error() else "")
-                dead.append(rows[k])
-            elif key is not None and key not in state.masks:  # learnt: the grammar's mask in that state
-                state.masks[key] = bits[slot].clone()
-        return StepMasks([rows[k] for k in order], bits, dead)
-
-    @staticmethod
-    def _shared_key(state: GrammarState) -> bytes | None:
-        """The key of the shared mask the row takes (a free channel's, or STOPPED), or None:
-        llguidance fills it."""
-        if state.free is not None:
-            channel = state.free.free_channel()
-            if channel is not None:
-                return channel
-        if state.matcher.is_stopped() and not state.matcher.is_error():
-            return STOPPED
-        return None
+        if filled:
+            # numpy, not torch: torch's intra-op threads on a busy host made this small scan take ms.
+            # (An OR over 64-bit words: a quarter of count_nonzero's time.)
+            words = bits[: len(filled)].numpy()
+            words = words.view(np.int64) if words.shape[1] % 2 == 0 else words
+            nonempty = np.bitwise_or.reduce(words, axis=1).tolist()
+            for slot, (row, state) in enumerate(filled):
+                holds[slot] = None
+                if state.matcher.is_error() or not nonempty[slot]:
+                    state.failed = "the output grammar allows no next token" + (
+                        f": {state.matcher.get_error()}" if state.matcher.is_error() else "")
+                    dead.append(row)
+                elif state.key is not None and state.key not in state.masks:  # learnt: the grammar's mask there
+                    state.masks[state.key] = bits[slot].clone()
+        return StepMasks([row for row, _ in filled] + [row for row, _ in shared], bits, dead)
 
     def failure(self, request_id: str) -> str | None:
         state = self.states.get(request_id)

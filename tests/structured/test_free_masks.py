@@ -136,7 +136,7 @@ def test_shared_masks_equal_llguidance_masks_on_random_walks(seed: int) -> None:
         rids = list(walks)
         for rid in rids:
             state = grammars.states[rid]
-            key = Grammars._shared_key(state)
+            key = state.key
             free = state.free
             if key is not None and key in state.masks:
                 served["stopped" if key == STOPPED else "free " + key.decode()] += 1
