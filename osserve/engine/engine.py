@@ -22,7 +22,9 @@ compiled (in a worker thread). Its matcher sees every token it samples, and each
 mask is filled on the host while the GPU runs the step's forward, then applied before sampling.
 Such a request runs ahead like any other: where the step before it is still in flight, the new
 step's forward is launched first, then that step's tokens are read and fed to the matchers, then
-the masks are filled: the GPU is never idle for the grammar, the host waits once per step.
+the masks are filled: the GPU is never idle for the grammar, the host waits once per step. While
+llguidance fills the masks in its own threads, the step before's tokens become deltas (its
+outputs come before this step's sampling is launched: the GPU is still busy with the forward).
 
 With speculative decoding (speculative/decoder.py) a step in which some request holds or wants
 drafts is a speculative step instead (engine/speculative_step.py: verify the drafts, keep one or
@@ -238,6 +240,8 @@ class LLMEngine:
         entries, rows, prompt_tokens = self._batch(out, prev)
         step_logits = self.runner.run(entries, prev.token_ids if prev is not None else None, out.block_copies)
         masks = None
+        deltas: list[CompletionDelta] | None = None  # the step before's, once turned into deltas
+        outputs_time = 0.0
         if self.grammars.states:
             # The masks need the step before's tokens in the matchers: read them now, the GPU busy
             # with this step's forward. (Also the buffer's reuse rule: the masks of the step before
@@ -245,8 +249,17 @@ class LLMEngine:
             if prev is not None:
                 self._collect(prev)
             start = time.perf_counter()
-            masks = self.grammars.masks([r.request_id for r in rows])
+            fill = self.grammars.begin_masks([r.request_id for r in rows])
             self._grammar_time += time.perf_counter() - start
+            if fill is not None:
+                if prev is not None and fill.future is not None:
+                    # The step before's outputs while llguidance fills the masks in its own threads.
+                    start = time.perf_counter()
+                    deltas = self._finish(prev)
+                    outputs_time = time.perf_counter() - start
+                start = time.perf_counter()
+                masks = self.grammars.end_masks(fill)
+                self._grammar_time += time.perf_counter() - start
         result = self._launch_sample(rows, step_logits.logits, step_logits.greedy,
                                      (masks.rows, masks.bits) if masks is not None else None)
         # The ids are on the host already where the sampler took the head's greedy ids as they are.
@@ -257,11 +270,12 @@ class LLMEngine:
         self.prompt_tokens_total += prompt_tokens
         t2 = time.perf_counter()
         has_prefill = any(s.num_new_tokens > 1 for s in out.scheduled)
-        launch = t2 - t1 - (self._waited - waited) - (self._grammar_time - grammar_time)
+        launch = t2 - t1 - (self._waited - waited) - (self._grammar_time - grammar_time) - outputs_time
         step = start_host_copy(out, rows, result, (t1 - t0, launch, has_prefill), on_host)
         if masks is not None:
             step.grammar_dead = {rows[i].request_id for i in masks.dead}
-        deltas = self._finish(prev) if prev is not None else []
+        if deltas is None:
+            deltas = self._finish(prev) if prev is not None else []
         if ahead:
             self.in_flight = step
             return deltas

@@ -30,6 +30,7 @@ from osserve.structured.length_bounds import LengthBounds, item_schema, property
 from osserve.structured.vocabulary import token_bytes
 
 QUOTE, BACKSLASH = 0x22, 0x5C
+STRUCTURE = frozenset(b'"{}[],\\')  # the bytes JsonCursor reacts to outside a string
 
 
 def string_byte(escape: int, byte: int) -> tuple[int, bool, bool]:
@@ -69,6 +70,21 @@ class JsonCursor:
     def clone(self) -> JsonCursor:
         """A copy to try a token on (the schemas shared, not copied)."""
         return replace(self, stack=[replace(f) for f in self.stack], key_bytes=bytearray(self.key_bytes))
+
+    def feed_token(self, token: int, runs: TokenRuns) -> None:
+        """feed() a token of runs' vocabulary, without its byte loop where the token cannot change
+        more than the open string's count: text inside a value string, or bytes between values
+        that open or close nothing (digits, spaces, `:`)."""
+        if self.in_string:
+            chars = runs.plain_chars[token]
+            if chars >= 0 and not self.escape and not self.is_key:
+                self.chars += chars
+                if self.bound is not None and self.chars > self.bound:
+                    self.overflow = True
+                return
+        elif runs.inert[token]:
+            return
+        self.feed(runs.vocab[token])
 
     def feed(self, data: bytes) -> None:
         for byte in data:
@@ -143,6 +159,8 @@ class TokenRuns:
     first: np.ndarray
     later_inside: np.ndarray
     later_outside: np.ndarray
+    plain_chars: list[int] = field(repr=False)  # its characters where it holds no quote or backslash, else -1
+    inert: bytes = field(repr=False)  # 1 where it holds no byte that opens or closes a JSON value: `"{}[],\`
     _suspects: dict[tuple[bool, int], np.ndarray] = field(default_factory=dict, repr=False, compare=False)
 
     @functools.cached_property
@@ -191,7 +209,10 @@ def token_runs(vocab: list[bytes]) -> TokenRuns:
             continue
         first[t], later_in[t] = _runs(data, inside=True)
         _, later_out[t] = _runs(data, inside=False)
-    return TokenRuns(vocab, first, later_in, later_out)
+    plain = [QUOTE not in data and BACKSLASH not in data for data in vocab]
+    plain_chars = [int(first[t]) if plain[t] else -1 for t in range(n)]
+    inert = bytes(not any(b in STRUCTURE for b in data) for data in vocab)
+    return TokenRuns(vocab, first, later_in, later_out, plain_chars, inert)
 
 
 def _runs(data: bytes, inside: bool) -> tuple[int, int]:

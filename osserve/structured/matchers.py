@@ -6,7 +6,9 @@ vocabulary once ~1 s: both run in a worker thread (llguidance drops the GIL), an
 the scheduler only once its matcher is ready, so a new schema never stalls the requests already
 running. Compiled grammars are cached by their text (a server sees the same few schemas over and
 over); each request gets a copy. Masks of a step's rows are filled in parallel by llguidance's own
-threads into one host buffer: a 32-bit word per 32 tokens, bit set = allowed.
+threads into one host buffer (a 32-bit word per 32 tokens, bit set = allowed), started from a
+worker thread so that the engine can turn the step before's tokens into deltas meanwhile
+(begin_masks / end_masks).
 
 Most rows of a reasoning model's batch are in free text (the analysis channel), whose mask is the
 same at almost every step (free_text.py says where), and many more have finished their grammar and
@@ -15,14 +17,14 @@ state, learnt from llguidance the first time a request of the grammar is there a
 compiled grammar, and copied into its buffer row only when the row held another mask the step
 before. The rows llguidance fills come first in the buffer. Such a row's token was drawn from the
 grammar's own mask, so its matcher need not check it at once: free text's tokens wait in a list and
-reach the matcher in one call when the row next needs llguidance, and a finished grammar's stop
-tokens (which change nothing) are not fed at all. (At 256 rows a step that halved the host's
-grammar time; benchmarks/bench_masks.py.)
+reach the matcher in one call when the row next needs it, and a finished grammar's stop tokens
+(which change nothing) are not fed at all.
 
 A JSON-schema answer whose strings' maxLength can be taken out of the grammar (length_bounds.py)
 gets a second matcher, of the grammar without them, which fills its masks; its JsonCursor then
 clears the tokens that would overflow a bound. The first matcher, with the bounds, still judges
-every token, and fills the mask where the cursor cannot tell (inside an escape sequence).
+every token (those drawn from the fast matcher's masks in one call, when next it fills a mask or
+the answer ends), and fills the mask where the cursor cannot tell (inside an escape sequence).
 """
 
 from __future__ import annotations
@@ -81,7 +83,7 @@ class Bounded:
         """Advance past an accepted token; False where the fast matcher rejects it (it cannot: its
         grammar takes more), and the request goes on with the bounded grammar alone."""
         if self.cursor is not None:
-            self.cursor.feed(token_bytes()[token])
+            self.cursor.feed_token(token, vocabulary_runs())
             return self.fast.consume_token(token)
         self.pending.append(token)
         if token == CHANNEL:
@@ -119,6 +121,19 @@ class GrammarState:
 
 
 @dataclass
+class MaskFill:
+    """A step's masks under way (Grammars.begin_masks): the rows in buffer order (llguidance's
+    first), the buffer, llguidance's rows with their states, the bounded ones among them by slot,
+    and the worker's fill (None: every row took a shared mask)."""
+
+    rows: list[int]
+    bits: torch.Tensor
+    filled: list[tuple[int, GrammarState]]
+    fast: dict[int, Bounded]
+    future: Future[None] | None
+
+
+@dataclass
 class StepMasks:
     """One step's masks: `rows` (indices into the step's sampled rows, in no particular order) and
     their bits, [len(rows), W] int32 on the host. `dead` holds the rows whose grammar allows no token
@@ -142,7 +157,8 @@ class Grammars:
         self._pending: dict[str, tuple[Future[tuple[LLMatcher, Compiled, LLMatcher | None]], dict[str, int | None],
                                        BoundedAnswer | None]] = {}
         self.states: dict[str, GrammarState] = {}
-        self._executor: LLExecutor | None = None
+        self._executor: LLExecutor | None = None  # llguidance's mask threads, made by the filler on first use
+        self._filler = ThreadPoolExecutor(1, thread_name_prefix="osserve-masks")
         self._buffer = torch.empty(0, self.words, dtype=torch.int32)
         self._holds: list[torch.Tensor | None] = []  # the shared mask each buffer row holds, if any
 
@@ -228,15 +244,18 @@ class Grammars:
             state = self.states.get(rid)
             if state is None or state.failed is not None or state.key == STOPPED and STOPPED in state.masks:
                 continue  # a finished grammar's stop token: its state stays as it is
-            if state.bounded is not None and (not state.bounded.feed(token) or state.bounded.done):
-                state.bounded = None  # the bounded grammar alone from now
+            bounded = state.bounded
+            if bounded is not None and (not bounded.feed(token) or bounded.done):
+                state.bounded = bounded = None  # the bounded grammar alone from now
             free = state.free
             channel = None
             if free is not None and free.phase is not Phase.OFF:
                 free.feed(token, token_bytes()[token] if free.in_header else None)
                 channel = free.free_channel()
-            if channel is not None and channel in state.masks:
-                state.behind.append(token)  # the next mask is known without the matcher: it may wait
+            if channel is not None and channel in state.masks or bounded is not None and bounded.fills:
+                # The next mask is known without the matcher (a shared one, or the fast matcher's
+                # with the cursor's bounds): it may wait.
+                state.behind.append(token)
                 state.key = channel
                 continue
             if state.behind:
@@ -271,6 +290,13 @@ class Grammars:
 
     def masks(self, request_ids: list[str]) -> StepMasks | None:
         """The masks of the step's rows that are constrained (None: no row is)."""
+        fill = self.begin_masks(request_ids)
+        return self.end_masks(fill) if fill is not None else None
+
+    def begin_masks(self, request_ids: list[str]) -> MaskFill | None:
+        """Start the step's masks: llguidance fills its rows in a worker thread (it drops the GIL),
+        the shared masks are copied here meanwhile; end_masks waits for the rest. Between the two
+        the caller may do other work, but must not feed the matchers (None: no row is constrained)."""
         filled: list[tuple[int, GrammarState]] = []  # (row, state): llguidance fills these
         shared: list[tuple[int, torch.Tensor]] = []  # (row, the grammar's shared mask)
         for row, rid in enumerate(request_ids):
@@ -285,35 +311,47 @@ class Grammars:
         n = len(filled) + len(shared)
         if not n:
             return None
-        from llguidance.torch import fill_next_token_bitmask_par
-
         if self._buffer.shape[0] < n:
             self._buffer = torch.empty(max(n, 2 * self._buffer.shape[0]), self.words, dtype=torch.int32,
                                        pin_memory=self.pin_memory)
             self._holds = [None] * self._buffer.shape[0]
-        if self._executor is None:
-            from llguidance import LLExecutor
-
-            self._executor = LLExecutor(MASK_THREADS)
         bits = self._buffer[:n]
+        # A bounded answer's row is filled by its fast matcher, then its cursor clears what overflows.
+        fast = {slot: b for slot, (_, state) in enumerate(filled) if (b := state.bounded) is not None and b.fills}
+        future = None
+        if filled:
+            matchers = [(fast[slot].fast if slot in fast else state.matcher, slot)
+                        for slot, (_, state) in enumerate(filled)]
+            future = self._filler.submit(self._fill, matchers, bits)
         # llguidance's rows first; then the shared ones, those of one mask together, so that a buffer
         # row mostly holds the same mask as the step before (and is not copied again).
         shared.sort(key=lambda row_mask: id(row_mask[1]))
-        # A bounded answer's row is filled by its fast matcher, then its cursor clears what overflows.
-        fast = {slot: b for slot, (_, state) in enumerate(filled) if (b := state.bounded) is not None and b.fills}
-        if filled:
-            fill_next_token_bitmask_par(
-                self._executor, [(fast[slot].fast if slot in fast else state.matcher, slot)
-                                 for slot, (_, state) in enumerate(filled)], bits)
-        runs = vocabulary_runs() if fast else None
-        for slot, bounded in fast.items():
-            assert runs is not None and bounded.cursor is not None
-            runs.clear_overflows(bounded.cursor, bits[slot].numpy(), bounded.answer.bounds.smallest)
         holds = self._holds
         for slot, (_, mask) in enumerate(shared, len(filled)):
             if holds[slot] is not mask:
                 bits[slot].copy_(mask)
                 holds[slot] = mask
+        return MaskFill([row for row, _ in filled] + [row for row, _ in shared], bits, filled, fast, future)
+
+    def _fill(self, matchers: list[tuple[LLMatcher, int]], bits: torch.Tensor) -> None:
+        from llguidance.torch import fill_next_token_bitmask_par
+
+        if self._executor is None:
+            from llguidance import LLExecutor
+
+            self._executor = LLExecutor(MASK_THREADS)
+        fill_next_token_bitmask_par(self._executor, matchers, bits)
+
+    def end_masks(self, fill: MaskFill) -> StepMasks:
+        """Wait for llguidance's rows; clear what overflows a string bound; note the rows whose
+        grammar allows nothing, and learn the shared masks met for the first time."""
+        if fill.future is not None:
+            fill.future.result()
+        bits, filled = fill.bits, fill.filled
+        runs = vocabulary_runs() if fill.fast else None
+        for slot, bounded in fill.fast.items():
+            assert runs is not None and bounded.cursor is not None
+            runs.clear_overflows(bounded.cursor, bits[slot].numpy(), bounded.answer.bounds.smallest)
         dead = []
         if filled:
             # numpy, not torch: torch's intra-op threads on a busy host made this small scan take ms.
@@ -322,14 +360,14 @@ class Grammars:
             words = words.view(np.int64) if words.shape[1] % 2 == 0 else words
             nonempty = np.bitwise_or.reduce(words, axis=1).tolist()
             for slot, (row, state) in enumerate(filled):
-                holds[slot] = None
+                self._holds[slot] = None
                 if state.matcher.is_error() or not nonempty[slot]:
                     state.failed = "the output grammar allows no next token" + (
                         f": {state.matcher.get_error()}" if state.matcher.is_error() else "")
                     dead.append(row)
                 elif state.key is not None and state.key not in state.masks:  # learnt: the grammar's mask there
                     state.masks[state.key] = bits[slot].clone()
-        return StepMasks([row for row, _ in filled] + [row for row, _ in shared], bits, dead)
+        return StepMasks(fill.rows, bits, dead)
 
     def failure(self, request_id: str) -> str | None:
         state = self.states.get(request_id)

@@ -101,6 +101,32 @@ def test_cursor_counts_characters_as_the_decoded_string_has_them() -> None:
     assert over.overflow
 
 
+def test_feed_token_leaves_the_cursor_as_the_byte_loop_does() -> None:
+    """feed_token skips the byte loop for text inside a value string and for bytes between values
+    that open or close nothing; over random token sequences (favouring quotes, braces, escapes and
+    digits) both ways give the same cursor at every step."""
+    rng = random.Random(5)
+    runs = vocabulary_runs()
+    vocab = token_bytes()
+    tricky = [t for t, data in enumerate(vocab) if data and any(b in b'"{}[],\\' for b in data) and len(data) < 6]
+    texty = [t for t, data in enumerate(vocab) if data and data.isascii() and data.strip().isalnum()]
+    fast_paths = 0
+    for schema in (BENCH, TIGHT, NESTED, MAPPING):
+        bounds = split(schema)
+        assert bounds is not None
+        for _ in range(40):
+            slow, fast = JsonCursor(bounds), JsonCursor(bounds)
+            for _ in range(30):
+                t = rng.choice(tricky) if rng.random() < 0.4 else rng.choice(texty)
+                skips = (fast.in_string and runs.plain_chars[t] >= 0 and not fast.escape and not fast.is_key) or (
+                    not fast.in_string and runs.inert[t])
+                fast_paths += skips
+                slow.feed(vocab[t])
+                fast.feed_token(t, runs)
+                assert fast == slow, (schema, vocab[t])
+    assert fast_paths > 1000  # both shortcuts were taken, often
+
+
 def test_token_runs_read_quotes_escapes_and_characters() -> None:
     assert _runs(b'abc", "de', inside=True) == (3, 2)
     assert _runs(b'a\\"b"', inside=True) == (3, 0)  # the escaped quote is one character of the run
