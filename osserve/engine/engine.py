@@ -92,9 +92,6 @@ class LLMEngine:
         self.prompt_tokens_total = 0
         self.generation_tokens_total = 0
         self.profile = StepProfile()
-        # Host time waiting for sampled ids and spent on grammars since the profile's last step: a
-        # structured step waits, and feeds its matchers, inside its launch (StepProfile).
-        self._waited = self._grammar_time = 0.0
         self.in_flight: InFlightStep | None = None
         self.grammars = Grammars(parts.model_config.vocab_size, pin_memory=self.runner.device.type == "cuda")
         self.compiling: dict[str, Request] = {}  # waiting for their grammar before they are scheduled
@@ -187,7 +184,6 @@ class LLMEngine:
                 self.step()
         self.prompt_tokens_total = self.generation_tokens_total = 0
         self.profile = StepProfile()
-        self._waited = self._grammar_time = 0.0
         self.kv.stats = KVCacheStats()
         if self.spec is not None:
             self.spec.reset_stats()
@@ -236,7 +232,7 @@ class LLMEngine:
             self.in_flight = None
             return self._finish(prev) if prev is not None else []
         t1 = time.perf_counter()
-        waited, grammar_time = self._waited, self._grammar_time
+        inside = self._inside_totals()
         entries, rows, prompt_tokens = self._batch(out, prev)
         step_logits = self.runner.run(entries, prev.token_ids if prev is not None else None, out.block_copies)
         masks = None
@@ -250,16 +246,16 @@ class LLMEngine:
                 self._collect(prev)
             start = time.perf_counter()
             fill = self.grammars.begin_masks([r.request_id for r in rows])
-            self._grammar_time += time.perf_counter() - start
+            self.profile.grammar += time.perf_counter() - start
             if fill is not None:
                 if prev is not None and fill.future is not None:
                     # The step before's outputs while llguidance fills the masks in its own threads.
-                    start = time.perf_counter()
+                    start, before = time.perf_counter(), self._inside_totals()
                     deltas = self._finish(prev)
-                    outputs_time = time.perf_counter() - start
+                    outputs_time = time.perf_counter() - start - (self._inside_totals() - before)
                 start = time.perf_counter()
                 masks = self.grammars.end_masks(fill)
-                self._grammar_time += time.perf_counter() - start
+                self.profile.grammar += time.perf_counter() - start
         result = self._launch_sample(rows, step_logits.logits, step_logits.greedy,
                                      (masks.rows, masks.bits) if masks is not None else None)
         # The ids are on the host already where the sampler took the head's greedy ids as they are.
@@ -270,7 +266,7 @@ class LLMEngine:
         self.prompt_tokens_total += prompt_tokens
         t2 = time.perf_counter()
         has_prefill = any(s.num_new_tokens > 1 for s in out.scheduled)
-        launch = t2 - t1 - (self._waited - waited) - (self._grammar_time - grammar_time) - outputs_time
+        launch = t2 - t1 - (self._inside_totals() - inside) - outputs_time
         step = start_host_copy(out, rows, result, (t1 - t0, launch, has_prefill), on_host)
         if masks is not None:
             step.grammar_dead = {rows[i].request_id for i in masks.dead}
@@ -358,7 +354,7 @@ class LLMEngine:
         """Wait for a step's tokens on the host; update the requests; turn tokens into deltas.
         `result` (the sampler's output) is given when the step was not left in flight, for logprobs."""
         t2 = time.perf_counter()
-        waited, grammar_time = self._waited, self._grammar_time
+        inside = self._inside_totals()
         sampled = self._collect(step)
         deltas = [self._end_by_grammar(rid) for rid in step.grammar_dead if rid in self.requests]
         logprobs: dict[str, TokenLogprob | None] = {}
@@ -379,11 +375,15 @@ class LLMEngine:
                 self.scheduler.finish(req.request_id, delta.finish_reason or "stop")  # a stop string
             deltas.append(self._retire(delta) if delta.finished else delta)
         schedule, launch, has_prefill = step.profile
-        post = time.perf_counter() - t2 - (self._waited - waited) - (self._grammar_time - grammar_time)
-        self.profile.add(len(step.out.scheduled), schedule, launch, self._waited, post,
-                         has_prefill=has_prefill, in_flight=step.out.tokens_pending, grammar=self._grammar_time)
-        self._waited = self._grammar_time = 0.0
+        post = time.perf_counter() - t2 - (self._inside_totals() - inside)
+        self.profile.add(len(step.out.scheduled), schedule, launch, post, has_prefill=has_prefill,
+                         in_flight=step.out.tokens_pending)
         return deltas
+
+    def _inside_totals(self) -> float:
+        """The profile's waits for sampled ids and grammar time so far: what a window of the loop
+        takes out of its own time (they happen inside the launch or the outputs)."""
+        return self.profile.gpu_wait + self.profile.grammar
 
     def _collect(self, step: InFlightStep) -> Mapping[str, int | list[int]]:
         """A step's sampled ids on the host (waiting for them once), fed to the grammars once.
@@ -393,7 +393,7 @@ class LLMEngine:
             if step.copied is not None:
                 start = time.perf_counter()
                 step.copied.synchronize()
-                self._waited += time.perf_counter() - start
+                self.profile.gpu_wait += time.perf_counter() - start
             token_ids = step.host_ids.tolist()
             sampled = {rid: token_ids[i] for rid, i in step.rows.items()}
             step.sampled = sampled
@@ -402,7 +402,7 @@ class LLMEngine:
                 live = {r.request_id: sampled[r.request_id] for r in step.requests
                         if self.requests.get(r.request_id) is r}
                 step.grammar_dead |= self.grammars.accept(live)
-                self._grammar_time += time.perf_counter() - start
+                self.profile.grammar += time.perf_counter() - start
         return step.sampled
 
     def _end_by_grammar(self, request_id: str) -> CompletionDelta:

@@ -24,17 +24,16 @@ class StepProfile:
     steps_in_flight: int = 0  # left running while the next one was scheduled (async scheduling)
     every: int = 500
 
-    def add(self, batch: int, schedule: float, launch: float, gpu_wait: float, post: float,
-            has_prefill: bool = False, in_flight: bool = False, grammar: float = 0.0) -> None:
+    def add(self, batch: int, schedule: float, launch: float, post: float, has_prefill: bool = False,
+            in_flight: bool = False) -> None:
+        """One step's launch and outputs (gpu_wait and grammar are added where they happen)."""
         self.steps += 1
         self.steps_with_prefill += has_prefill
         self.steps_in_flight += in_flight
         self.requests += batch
         self.schedule += schedule
         self.launch += launch
-        self.gpu_wait += gpu_wait
         self.post += post
-        self.grammar += grammar
 
     def summary(self) -> str:
         n = max(self.steps, 1)

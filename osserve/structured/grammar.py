@@ -41,6 +41,7 @@ whitespace of JSON lets a random-weight model, or a looping one, write nothing e
 
 from __future__ import annotations
 
+import functools
 import json
 from dataclasses import dataclass, replace
 from typing import Any
@@ -227,11 +228,19 @@ def check(spec: StructuredOutputs, max_tokens: int | None = None) -> str | None:
 
 
 def _validate(text: str, param: str) -> None:
+    error = _compile_error(text)
+    if error is not None:
+        raise InvalidRequestError(f"the output constraint cannot be compiled: {error}", param)
+
+
+@functools.lru_cache(maxsize=256)
+def _compile_error(text: str) -> str | None:
+    """llguidance's first error for a grammar, or None: remembered, since a server meets the same
+    few schemas over and over (each check took ~2 ms of an HTTP process's event loop at c=256)."""
     from llguidance import LLMatcher
 
     is_error, messages = LLMatcher.validate_grammar_with_warnings(_as_grammar(text))
-    if is_error:
-        raise InvalidRequestError(f"the output constraint cannot be compiled: {messages[0]}", param)
+    return str(messages[0]) if is_error else None
 
 
 def schema_compiles(schema: dict[str, Any]) -> bool:

@@ -5,10 +5,12 @@ Compiling takes a few ms for a typical schema (up to seconds for pathological on
 vocabulary once ~1 s: both run in a worker thread (llguidance drops the GIL), and a request joins
 the scheduler only once its matcher is ready, so a new schema never stalls the requests already
 running. Compiled grammars are cached by their text (a server sees the same few schemas over and
-over); each request gets a copy. Masks of a step's rows are filled in parallel by llguidance's own
-threads into one host buffer (a 32-bit word per 32 tokens, bit set = allowed), started from a
-worker thread so that the engine can turn the step before's tokens into deltas meanwhile
-(begin_masks / end_masks).
+over); each request gets a copy, made at once where its grammars are cached (a copy takes
+microseconds; the worker would wait for the GIL behind a busy step loop).
+
+Masks of a step's rows are filled in parallel by llguidance's own threads into one host buffer (a
+32-bit word per 32 tokens, bit set = allowed), started from a worker thread so that the engine can
+turn the step before's tokens into deltas meanwhile (begin_masks / end_masks).
 
 Most rows of a reasoning model's batch are in free text (the analysis channel), whose mask is the
 same at almost every step (free_text.py says where), and many more have finished their grammar and
@@ -168,8 +170,14 @@ class Grammars:
         """Compile (or copy from the cache) in the worker thread; `ready` hands the result over.
         free: the grammar's free channels and their budgets (grammar.free_channels); bounded: the
         answer's string bounds taken out (grammar.bounded_answer)."""
-        self._pending[request_id] = (self._compiler.submit(self._compile_request, grammar, bounded), free or {},
-                                     bounded)
+        with self._cache_lock:
+            cached = grammar in self._cache and (bounded is None or bounded.grammar in self._cache)
+        if cached:  # copies only (~5-70 us): here, not behind the step loop's hold on the GIL in the worker
+            future: Future[tuple[LLMatcher, Compiled, LLMatcher | None]] = Future()
+            future.set_result(self._compile_request(grammar, bounded))
+        else:
+            future = self._compiler.submit(self._compile_request, grammar, bounded)
+        self._pending[request_id] = (future, free or {}, bounded)
 
     def _compile_request(self, grammar: str, bounded: BoundedAnswer | None
                          ) -> tuple[LLMatcher, Compiled, LLMatcher | None]:
