@@ -6,9 +6,13 @@
 # mask-thread count (OSSERVE_MASK_THREADS), a server each. RUNS sets the rounds: plain, json (the
 # schema) and nomax (the schema without its strings' maxLength, what the length bound costs).
 # Tables printed last.
-#   [PRESET=20b] [N=1024] [SKIP_ENGINE=1] [MASK_THREADS="8 1"] [RUNS="plain json nomax"] bash benchmarks/structured_ab.sh   (carry .whl)
+# TREES="DIR ..." serves each directory's code in turn (e.g. `git archive OLD | tar -x -C .ab/OLD`,
+# carried): a same-machine comparison across commits.
+#   [PRESET=20b] [N=1024] [SKIP_ENGINE=1] [MASK_THREADS="8 1"] [RUNS="plain json nomax"] [TREES=". .ab/OLD"] \
+#       bash benchmarks/structured_ab.sh   (carry .whl)
 set -u
 PRESET=${PRESET:-20b}; N=${N:-1024}; MASK_THREADS=${MASK_THREADS:-default}; RUNS=${RUNS:-plain json plain json}
+TREES=${TREES:-.}
 source benchmarks/gpu_env.sh
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 if [ -z "${SKIP_ENGINE:-}" ]; then
@@ -18,11 +22,13 @@ fi
 python3 -c "import json; from benchmarks.bench_structured import SCHEMA; print(json.dumps(SCHEMA))" > /tmp/schema.json
 python3 -c "import json; from benchmarks.bench_structured import SCHEMA; del SCHEMA['properties']['steps']['items']['maxLength']; print(json.dumps(SCHEMA))" > /tmp/schema-nomax.json
 TABLE="$OUT/structured-serve.txt"; : > "$TABLE"
+for tree in $TREES; do
 for threads in $MASK_THREADS; do
-    log="$OUT/server-threads-$threads.log"
+    log="$OUT/server-threads-$threads-${tree//[\/.]/_}.log"
     env_threads=(); [ "$threads" != default ] && env_threads=(OSSERVE_MASK_THREADS="$threads")
-    env "${env_threads[@]}" python3 -m osserve.cli serve --load-format dummy --preset "$PRESET" --port 8000 \
-        --max-num-seqs 256 --max-model-len 4096 --max-num-batched-tokens 8192 > "$log" 2>&1 &
+    (cd "$tree" && PYTHONPATH="$PWD:/tmp/site" exec env "${env_threads[@]}" python3 -m osserve.cli serve \
+        --load-format dummy --preset "$PRESET" --port 8000 --max-num-seqs 256 --max-model-len 4096 \
+        --max-num-batched-tokens 8192) > "$log" 2>&1 &
     server=$!
     wait_for_server $server "$log"
     for run in $RUNS; do
@@ -35,13 +41,14 @@ for threads in $MASK_THREADS; do
         tok=$(echo "$result" | grep "output token throughput" | grep -oE "[0-9]+\.[0-9]+" | head -1)
         ttft=$(echo "$result" | grep "TTFT ms" | grep -oE "[0-9]+\.[0-9]+" | sed -n 2,4p | tr '\n' ' ')
         failed=$(echo "$result" | grep "completed / failed" | grep -oE "[0-9]+ / [0-9]+")
-        printf "| %s | %s | %s | %s | %s |\n" "$threads" "$run" "$tok" "$ttft" "$failed" >> "$TABLE"
+        printf "| %s | %s | %s | %s | %s | %s |\n" "$tree" "$threads" "$run" "$tok" "$ttft" "$failed" >> "$TABLE"
     done
     grep "engine: " "$log" | tail -1
     kill $server; wait $server 2>/dev/null
     sleep 3  # the port and the GPU's memory free again
 done
+done
 [ -z "${SKIP_ENGINE:-}" ] && tail -14 "$OUT/engine.log"
-echo "| mask threads | serving c=256, $N requests, 256 out | output tok/s | TTFT p50 p90 p99 ms | completed / failed |"
-echo "|---|---|---|---|---|"
+echo "| code | mask threads | serving c=256, $N requests, 256 out | output tok/s | TTFT p50 p90 p99 ms | completed / failed |"
+echo "|---|---|---|---|---|---|"
 cat "$TABLE"

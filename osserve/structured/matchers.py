@@ -5,8 +5,8 @@ Compiling takes a few ms for a typical schema (up to seconds for pathological on
 vocabulary once ~1 s: both run in a worker thread (llguidance drops the GIL), and a request joins
 the scheduler only once its matcher is ready, so a new schema never stalls the requests already
 running. Compiled grammars are cached by their text (a server sees the same few schemas over and
-over); each request gets a copy, made at once where its grammars are cached (a copy takes
-microseconds; the worker would wait for the GIL behind a busy step loop).
+over); each request gets a copy. (Copying a cached grammar on the step loop instead of in the
+worker made serving slower: BENCHMARKS.md, experiments not kept.)
 
 Masks of a step's rows are filled in parallel by llguidance's own threads into one host buffer (a
 32-bit word per 32 tokens, bit set = allowed), started from a worker thread so that the engine can
@@ -170,14 +170,8 @@ class Grammars:
         """Compile (or copy from the cache) in the worker thread; `ready` hands the result over.
         free: the grammar's free channels and their budgets (grammar.free_channels); bounded: the
         answer's string bounds taken out (grammar.bounded_answer)."""
-        with self._cache_lock:
-            cached = grammar in self._cache and (bounded is None or bounded.grammar in self._cache)
-        if cached:  # copies only (~5-70 us): here, not behind the step loop's hold on the GIL in the worker
-            future: Future[tuple[LLMatcher, Compiled, LLMatcher | None]] = Future()
-            future.set_result(self._compile_request(grammar, bounded))
-        else:
-            future = self._compiler.submit(self._compile_request, grammar, bounded)
-        self._pending[request_id] = (future, free or {}, bounded)
+        self._pending[request_id] = (self._compiler.submit(self._compile_request, grammar, bounded), free or {},
+                                     bounded)
 
     def _compile_request(self, grammar: str, bounded: BoundedAnswer | None
                          ) -> tuple[LLMatcher, Compiled, LLMatcher | None]:
