@@ -78,7 +78,6 @@ class Bounded:
     fast: LLMatcher  # of the grammar without the bounds
     answer: BoundedAnswer
     cursor: JsonCursor | None = None  # over the answer, from its first byte
-    header: bytearray | None = None  # harmony: the channel name being read
     pending: list[int] = field(default_factory=list)  # tokens the fast matcher has yet to see
 
     def feed(self, token: int) -> bool:
@@ -88,18 +87,23 @@ class Bounded:
             self.cursor.feed_token(token, vocabulary_runs())
             return self.fast.consume_token(token)
         self.pending.append(token)
-        if token == CHANNEL:
-            self.header = bytearray()
-        elif token == MESSAGE:
-            if self.header == b"final":  # the answer's first byte comes next
-                self.cursor = JsonCursor(self.answer.bounds)
-                ok = self.fast.consume_tokens(self.pending)
-                self.pending.clear()
-                return ok
-            self.header = None
-        elif self.header is not None:
-            self.header += token_bytes()[token]
+        if token == MESSAGE and self._channel() == b"final":  # the answer's first byte comes next
+            self.cursor = JsonCursor(self.answer.bounds)
+            ok = self.fast.consume_tokens(self.pending)
+            self.pending.clear()
+            return ok
         return True
+
+    def _channel(self) -> bytes | None:
+        """The header just closed by the <|message|> last fed: its bytes after its <|channel|> (None:
+        no channel named since the last <|message|>). Read back at each <|message|> only."""
+        pending = self.pending
+        for i in range(len(pending) - 2, -1, -1):
+            if pending[i] == CHANNEL:
+                return b"".join(token_bytes()[t] for t in pending[i + 1:-1])
+            if pending[i] == MESSAGE:
+                return None
+        return None
 
     @property
     def fills(self) -> bool:
@@ -227,6 +231,12 @@ class Grammars:
             done.append((rid, None))
         return done
 
+    @staticmethod
+    def prepare() -> None:
+        """Build the vocabulary's tables now (~1-2 s of Python), not in the compile worker beside the
+        first requests that need them: there they held the GIL against the step loop."""
+        harmony_lltokenizer(), utf8_shapes(), token_bytes(), vocabulary_runs()
+
     @property
     def num_pending(self) -> int:
         return len(self._pending)
@@ -350,17 +360,14 @@ class Grammars:
         if fill.future is not None:
             fill.future.result()
         bits, filled = fill.bits, fill.filled
+        rows = bits.numpy()  # numpy rows: torch's indexing costs microseconds a row
         runs = vocabulary_runs() if fill.fast else None
         for slot, bounded in fill.fast.items():
             assert runs is not None and bounded.cursor is not None
-            runs.clear_overflows(bounded.cursor, bits[slot].numpy(), bounded.answer.bounds.smallest)
+            runs.clear_overflows(bounded.cursor, rows[slot], bounded.answer.bounds.smallest)
         dead = []
         if filled:
-            # numpy, not torch: torch's intra-op threads on a busy host made this small scan take ms.
-            # (An OR over 64-bit words: a quarter of count_nonzero's time.)
-            words = bits[: len(filled)].numpy()
-            words = words.view(np.int64) if words.shape[1] % 2 == 0 else words
-            nonempty = np.bitwise_or.reduce(words, axis=1).tolist()
+            nonempty = _nonempty(rows[: len(filled)])
             for slot, (row, state) in enumerate(filled):
                 self._holds[slot] = None
                 if state.matcher.is_error() or not nonempty[slot]:
@@ -374,3 +381,16 @@ class Grammars:
     def failure(self, request_id: str) -> str | None:
         state = self.states.get(request_id)
         return state.failed if state is not None else None
+
+
+def _nonempty(rows: np.ndarray) -> list[bool]:
+    """Whether each mask row allows any token. numpy, not torch (torch's intra-op threads on a busy
+    host made this small scan take ms); an OR over 64-bit words of each row's first 4,096 tokens,
+    where almost every mask allows some (digits, punctuation, common words), and over the whole
+    row only where those are all clear."""
+    words = rows.view(np.int64) if rows.shape[1] % 2 == 0 else rows
+    nonempty = np.bitwise_or.reduce(words[:, :64], axis=1) != 0
+    unsure = np.flatnonzero(~nonempty)
+    if len(unsure):
+        nonempty[unsure] = np.bitwise_or.reduce(words[unsure], axis=1) != 0
+    return nonempty.tolist()

@@ -206,3 +206,17 @@ def test_free_channels_are_the_grammars_free_rules_with_their_budgets() -> None:
         free_final = "final" in action.group(1).split(" | ") and bool(re.search(r"^final: .* TEXT <\|return\|>$",
                                                                               text, re.M))
         assert ("final" in free) == free_final
+
+
+@pytest.mark.parametrize("words", [6284, 7, 64])
+def test_empty_masks_are_found_wherever_the_allowed_tokens_lie(words: int) -> None:
+    """matchers._nonempty looks at each row's first 4,096 tokens, then at the whole of the rows
+    where those are clear: a token allowed anywhere counts, an all-clear row is empty."""
+    from osserve.structured.matchers import _nonempty
+
+    rows = np.zeros((5, words), dtype=np.int32)
+    rows[0, 0] = 1  # the first token
+    rows[1, words - 1] = np.int32(-2**31)  # the last bit of the last word only
+    rows[2, words // 2] = 4  # the middle
+    rows[4, :] = -1  # everything
+    assert _nonempty(rows) == [True, True, True, False, True]
