@@ -123,7 +123,7 @@ class GrammarState:
     failed: str | None = None  # why the grammar cannot go on: the request ends with finish reason "grammar"
     bounded: Bounded | None = None
     key: bytes | None = None  # the shared mask the next token takes (Grammars.next_key), None: llguidance's
-    behind: list[int] = field(default_factory=list)  # accepted free text the matcher has yet to see
+    behind: list[int] = field(default_factory=list)  # accepted tokens the matcher has yet to see (accept says when)
 
 
 @dataclass
@@ -270,14 +270,16 @@ class Grammars:
                 state.behind.append(token)
                 state.key = channel
                 continue
-            if state.behind:
-                state.behind.append(token)
-                ok = state.matcher.consume_tokens(state.behind)
-                state.behind.clear()
+            behind = state.behind
+            if behind:
+                behind.append(token)
+                ok = state.matcher.consume_tokens(behind)
+                state.behind = []
             else:
                 ok = state.matcher.consume_token(token)
             if not ok:
-                state.failed = f"the output grammar rejected token {token}: {state.matcher.get_error()}"
+                which = f"one of the tokens {behind}" if behind else f"token {token}"
+                state.failed = f"the output grammar rejected {which}: {state.matcher.get_error()}"
                 rejected.add(rid)
                 continue
             state.key = self.next_key(state, channel)
