@@ -14,7 +14,7 @@ bounds forbid:
 - anywhere, a token that would also open another bounded string and overflow it (`", "abc…`): the
   few tokens with a long enough quoted run are tried on a copy of the cursor.
 Mid-escape (a token ended inside `\\u00e9`) the row is left to the grammar with bounds
-(matchers.Bounded.fills).
+(bounded.Bounded.fills).
 """
 
 from __future__ import annotations

@@ -24,9 +24,9 @@ reach the matcher in one call when the row next needs it, and a finished grammar
 
 A JSON-schema answer whose strings' maxLength can be taken out of the grammar (length_bounds.py)
 gets a second matcher, of the grammar without them, which fills its masks; its JsonCursor then
-clears the tokens that would overflow a bound. The first matcher, with the bounds, still judges
-every token (those drawn from the fast matcher's masks in one call, when next it fills a mask or
-the answer ends), and fills the mask where the cursor cannot tell (inside an escape sequence).
+clears the tokens that would overflow a bound (bounded.py). The first matcher, with the bounds,
+still judges every token (those drawn from the fast matcher's masks in one call, when next it fills
+a mask or the answer ends), and fills the mask where the cursor cannot tell (inside an escape).
 """
 
 from __future__ import annotations
@@ -41,11 +41,11 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
+from osserve.structured.bounded import Bounded
 from osserve.structured.free_text import FreeText, Phase
 from osserve.structured.grammar import BoundedAnswer
 from osserve.structured.json_cursor import JsonCursor, vocabulary_runs
 from osserve.structured.vocabulary import harmony_lltokenizer, token_bytes, utf8_shapes
-from osserve.tokenizer import CHANNEL, MESSAGE
 
 if TYPE_CHECKING:
     from llguidance import LLExecutor, LLMatcher
@@ -67,52 +67,6 @@ class Compiled:
 
     template: LLMatcher
     masks: dict[bytes, torch.Tensor] = field(default_factory=dict)
-
-
-@dataclass
-class Bounded:
-    """A request whose answer's string bounds are enforced beside its grammar (module docstring).
-    Until its answer starts the two grammars agree, so the fast matcher is fed the tokens before it
-    only then, in one call; once the answer is complete the request needs it no more."""
-
-    fast: LLMatcher  # of the grammar without the bounds
-    answer: BoundedAnswer
-    cursor: JsonCursor | None = None  # over the answer, from its first byte
-    pending: list[int] = field(default_factory=list)  # tokens the fast matcher has yet to see
-
-    def feed(self, token: int) -> bool:
-        """Advance past an accepted token; False where the fast matcher rejects it (it cannot: its
-        grammar takes more), and the request goes on with the bounded grammar alone."""
-        if self.cursor is not None:
-            self.cursor.feed_token(token, vocabulary_runs())
-            return self.fast.consume_token(token)
-        self.pending.append(token)
-        if token == MESSAGE and self._channel() == b"final":  # the answer's first byte comes next
-            self.cursor = JsonCursor(self.answer.bounds)
-            ok = self.fast.consume_tokens(self.pending)
-            self.pending.clear()
-            return ok
-        return True
-
-    def _channel(self) -> bytes | None:
-        """The header just closed by the <|message|> last fed: its bytes after its <|channel|> (None:
-        no channel named since the last <|message|>). Read back at each <|message|> only."""
-        pending = self.pending
-        for i in range(len(pending) - 2, -1, -1):
-            if pending[i] == CHANNEL:
-                return b"".join(token_bytes()[t] for t in pending[i + 1:-1])
-            if pending[i] == MESSAGE:
-                return None
-        return None
-
-    @property
-    def fills(self) -> bool:
-        """Whether the fast matcher fills the next mask: inside the answer, not inside an escape."""
-        return self.cursor is not None and not self.cursor.escape
-
-    @property
-    def done(self) -> bool:
-        return self.cursor is not None and self.cursor.ended
 
 
 @dataclass

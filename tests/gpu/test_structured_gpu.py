@@ -1,7 +1,7 @@
 """Structured outputs on the GPU path: a serving-size batch of schema-bound requests through the
 engine with CUDA graphs and async scheduling, the Triton mask kernel, llguidance's fill running in
 its worker while the step before's outputs are made, and the string bounds enforced beside the
-grammar (matchers.Bounded). Random weights follow no format: every answer that validates, the
+grammar (structured/bounded.py). Random weights follow no format: every answer that validates, the
 engine made so."""
 
 from __future__ import annotations
