@@ -30,7 +30,7 @@ from osserve.structured.length_bounds import LengthBounds, item_schema, property
 from osserve.structured.vocabulary import token_bytes
 
 QUOTE, BACKSLASH = 0x22, 0x5C
-STRUCTURE = frozenset(b'"{}[],\\')  # the bytes JsonCursor reacts to outside a string
+STRUCTURE = frozenset(b'"{}[],')  # the bytes JsonCursor reacts to outside a string
 
 
 def string_byte(escape: int, byte: int) -> tuple[int, bool, bool]:
@@ -78,9 +78,7 @@ class JsonCursor:
         if self.in_string:
             chars = runs.plain_chars[token]
             if chars >= 0 and not self.escape and not self.is_key:
-                self.chars += chars
-                if self.bound is not None and self.chars > self.bound:
-                    self.overflow = True
+                self._count(chars)
                 return
         elif runs.inert[token]:
             return
@@ -143,9 +141,13 @@ class JsonCursor:
             elif not self.stack:
                 self.ended = True
         elif starts:
-            self.chars += 1
-            if self.bound is not None and self.chars > self.bound:
-                self.overflow = True
+            self._count(1)
+
+    def _count(self, chars: int) -> None:
+        """The open string's characters grow by `chars` (an overflow is remembered)."""
+        self.chars += chars
+        if self.bound is not None and self.chars > self.bound:
+            self.overflow = True
 
 
 @dataclass(frozen=True)
@@ -160,7 +162,7 @@ class TokenRuns:
     later_inside: np.ndarray
     later_outside: np.ndarray
     plain_chars: list[int] = field(repr=False)  # its characters where it holds no quote or backslash, else -1
-    inert: bytes = field(repr=False)  # 1 where it holds no byte that opens or closes a JSON value: `"{}[],\`
+    inert: bytes = field(repr=False)  # 1 where it holds none of STRUCTURE: outside a string it changes nothing
     _suspects: dict[tuple[bool, int], np.ndarray] = field(default_factory=dict, repr=False, compare=False)
 
     @functools.cached_property
@@ -203,15 +205,14 @@ class TokenRuns:
 def token_runs(vocab: list[bytes]) -> TokenRuns:
     n = len(vocab)
     first, later_in, later_out = np.zeros(n, np.int32), np.zeros(n, np.int32), np.zeros(n, np.int32)
+    plain_chars = [-1] * n
     for t, data in enumerate(vocab):
         if QUOTE not in data and BACKSLASH not in data:  # most tokens: plain text, no string opened
-            first[t] = sum(1 for b in data if b & 0xC0 != 0x80)
+            first[t] = plain_chars[t] = sum(1 for b in data if b & 0xC0 != 0x80)
             continue
         first[t], later_in[t] = _runs(data, inside=True)
         _, later_out[t] = _runs(data, inside=False)
-    plain = [QUOTE not in data and BACKSLASH not in data for data in vocab]
-    plain_chars = [int(first[t]) if plain[t] else -1 for t in range(n)]
-    inert = bytes(not any(b in STRUCTURE for b in data) for data in vocab)
+    inert = bytes(STRUCTURE.isdisjoint(data) for data in vocab)
     return TokenRuns(vocab, first, later_in, later_out, plain_chars, inert)
 
 

@@ -250,12 +250,6 @@ class Grammars:
             return STOPPED
         return None
 
-    def constrains(self, request_id: str) -> bool:
-        """Whether the request's next token is masked. A grammar that is complete still is: its mask
-        then allows only the stop tokens (a finished JSON object is not followed by free text)."""
-        state = self.states.get(request_id)
-        return state is not None and state.failed is None
-
     def masks(self, request_ids: list[str]) -> StepMasks | None:
         """The masks of the step's rows that are constrained (None: no row is)."""
         fill = self.begin_masks(request_ids)
@@ -270,7 +264,7 @@ class Grammars:
         for row, rid in enumerate(request_ids):
             state = self.states.get(rid)
             if state is None or state.failed is not None:
-                continue
+                continue  # unconstrained (a complete grammar still is: its mask allows the stop tokens only)
             mask = state.masks.get(state.key) if state.key is not None else None
             if mask is None:
                 filled.append((row, state))
