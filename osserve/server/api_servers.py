@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 from osserve.engine.process_engine import EngineMain, Link, ProcessEngine, _engine_main, start_engine_process
 from osserve.errors import ConfigError
 from osserve.server.metrics import METRICS_DIR_VARIABLE
+from osserve.server.responses_store import ResponseStore
 
 if TYPE_CHECKING:
     import argparse
@@ -109,8 +110,9 @@ class ApiServers:
         self.engine = start_engine_process(engine_args, count, engine_main)
         self.shared = tempfile.mkdtemp(prefix="osserve-")
         try:
-            self._start_servers(replace(spec, config=replace(
-                spec.config, responses_db=os.path.join(self.shared, "responses.db"))))
+            responses_db = os.path.join(self.shared, "responses.db")
+            ResponseStore.create(responses_db)
+            self._start_servers(replace(spec, config=replace(spec.config, responses_db=responses_db)))
         except BaseException:
             self.stop()
             raise

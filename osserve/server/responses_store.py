@@ -32,6 +32,14 @@ class ResponseStore:
             self._db.execute("PRAGMA journal_mode=WAL")  # readers do not wait for a writer
         self._db.execute("CREATE TABLE IF NOT EXISTS responses (id TEXT PRIMARY KEY, used INTEGER, item BLOB)")
 
+    @staticmethod
+    def create(path: str) -> None:
+        """Make a shared database file before the processes that share it open it: switching a file
+        to WAL takes a lock the busy timeout does not wait for, so server processes switching it at
+        once could fail with "database is locked" (a test's two servers did). In WAL already, their
+        own switch changes nothing."""
+        ResponseStore(path=path)._db.close()
+
     def put(self, response_id: str, item: StoredResponse) -> None:
         self._db.execute("INSERT OR REPLACE INTO responses VALUES (?, (SELECT COALESCE(MAX(used), 0) + 1 "
                          "FROM responses), ?)", (response_id, pickle.dumps(item)))

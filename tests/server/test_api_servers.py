@@ -134,6 +134,24 @@ def test_the_response_store_evicts_the_least_recently_used_and_is_shared_through
     assert one.get("b") is None and [one.get(r) is not None for r in "acd"] == [True] * 3 and len(one) == 3
 
 
+def test_a_created_store_is_in_wal_mode_and_opening_it_takes_no_write_lock(tmp_path: Path) -> None:
+    """ResponseStore.create switches the file to WAL before the server processes open it: their own
+    switch then needs no lock, so it succeeds while another connection holds a write transaction
+    (two servers switching a fresh file at once failed with "database is locked")."""
+    import sqlite3
+
+    path = str(tmp_path / "responses.db")
+    ResponseStore.create(path)
+    writer = sqlite3.connect(path, isolation_level=None)
+    assert writer.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    writer.execute("BEGIN IMMEDIATE")  # a write transaction held, as another server's put would
+    try:
+        store = ResponseStore(3, path)  # its WAL switch and CREATE TABLE IF NOT EXISTS
+        assert len(store) == 0
+    finally:
+        writer.execute("ROLLBACK")
+
+
 def test_the_command_serves_through_two_processes_and_stops_on_sigterm() -> None:
     """`osserve serve --api-server-count 2` on the built-in model: answers, then SIGTERM stops the
     supervisor, its servers and the engine (no process left holding the port)."""
