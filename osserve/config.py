@@ -284,6 +284,10 @@ class SchedulerConfig:
     # Schedule and launch step N+1 while step N runs on the device (its sampled tokens stay
     # there, the next step reads them in place); the host reads step N's tokens afterwards.
     async_scheduling: bool = True
+    # ... steps with prompt tokens too (prompt chunks, newcomers with a prefill): launched beside the
+    # step in flight where every request in them can run ahead and gets its KV slots without a
+    # preemption. Off: such a step first finishes the one in flight (the GPU idles for the host).
+    async_prefill: bool = True
     # Speculative decoding: KV slots a request may hold past its tokens (its drafts and the draft
     # model's guesses), counted when checking that a request can ever fit the cache.
     speculative_slots: int = 0

@@ -106,6 +106,9 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
                    help="schedule step N+1 while step N runs on the GPU (the default)")
     g.add_argument("--no-async-scheduling", "--disable-overlap-schedule", dest="no_async_scheduling",
                    action="store_true", default=False, help="finish each step before scheduling the next")
+    g.add_argument("--no-async-prefill", action="store_true",
+                   help="a step with prompt tokens (a new prompt, a prompt chunk) first finishes the step in "
+                        "flight instead of being launched beside it (async scheduling's steps with a prefill)")
     g.add_argument("--admission-delay-ms", type=float, metavar="X", default=0.0,
                    help="while requests decode, let newcomers gather this long (or 32 of them) before a "
                         "prefill joins the batch: more decode-only (CUDA-graph) steps, a little more TTFT")

@@ -13,9 +13,10 @@ inputs read from step N's sampled ids on the device, and only then waits for ste
 turns them into deltas — so the host's scheduling, batch building and detokenising overlap the
 GPU's work instead of alternating with it. A request whose in-flight token is certain to end it
 (max_tokens, the context limit) sits the next step out; one that stops on a stop token or string
-costs one wasted row. Newcomers whose prompt is cached but for its last token join such a step
-like decodes. Anything else (an admission with a prefill, a prefill chunk, a request that needs
-its tokens, too few free blocks to grow every request) first finishes the step in flight.
+costs one wasted row. Prompt chunks and newcomers join such a step too (async prefill; off,
+only newcomers whose prompt is cached but for its last token do). Anything else (a request that
+needs its tokens, too few free blocks to give every running request its slots without a
+preemption) first finishes the step in flight.
 
 A request with an output constraint (structured/) joins the scheduler once its grammar is
 compiled (in a worker thread). Its matcher sees every token it samples, and each step its token
@@ -268,7 +269,7 @@ class LLMEngine:
         t2 = time.perf_counter()
         has_prefill = any(s.num_new_tokens > 1 for s in out.scheduled)
         launch = t2 - t1 - (self._inside_totals() - inside) - outputs_time
-        step = start_host_copy(out, rows, result, (t1 - t0, launch, has_prefill), on_host)
+        step = start_host_copy(out, rows, result, (t1 - t0, launch, has_prefill, prev is not None), on_host)
         if masks is not None:
             step.grammar_dead = {rows[i].request_id for i in masks.dead}
         if deltas is None:
@@ -309,26 +310,42 @@ class LLMEngine:
         return speculative_step(self, self.spec)
 
     def _can_overlap(self, ending: set[str]) -> bool:
-        """The next step may be launched before the one in flight is read: it will be decodes
-        only, of requests that can run ahead, and every one of them gets its next slot."""
+        """The next step may be launched before the one in flight is read: every request it may
+        hold can run ahead, and every running one gets its slots without a preemption (preemption
+        is left to steps scheduled with every token known, as it always was for decodes). Prompt
+        tokens (chunks, newcomers) join such a step with async prefill on; else only decodes and
+        newcomers whose prompt is cached but for its last token do."""
         sched = self.scheduler
         free = self.scheduler_config.max_num_seqs - len(sched.running)
-        if sched.waiting and free > 0 and not self._admissions_are_decodes(free):
-            return False  # an admission with a prefill: it waits for the step in flight
+        if sched.waiting and free > 0 and not self._admissions_can_run_ahead(free):
+            return False  # an admission that needs the step in flight finished first
         going_on = [r for r in sched.running if r.request_id not in ending]
-        return all(r.num_tokens - r.num_computed_tokens == 1
-                   and can_run_ahead(r.sampling_params, r.num_output_tokens) for r in going_on) \
-            and self.kv.can_allocate_all(going_on, 1)
+        if not all(can_run_ahead(r.sampling_params, r.num_output_tokens) for r in going_on):
+            return False
+        left = [r.num_tokens - r.num_computed_tokens for r in going_on]
+        if all(n == 1 for n in left):
+            return self.kv.can_allocate_all(going_on, 1)
+        if not self.scheduler_config.async_prefill:
+            return False
+        # A prompt chunk takes at most the step's prompt allowance (decode-first) or its budget.
+        most = min(sched.prefill_allowance(ending), self.scheduler_config.max_num_batched_tokens)
+        return self.kv.can_allocate_all(going_on, [n if n == 1 else min(n, most) for n in left])
 
-    def _admissions_are_decodes(self, free: int) -> bool:
-        """Whether the next newcomers (up to `free`) compute only their last token, their prompt
-        cached but for it (kv_cache.py's last-block copies), and can run ahead: then they join the
-        next step like decodes, without waiting for the step in flight. (Newcomers with a prefill
-        still wait: admitting those beside the step in flight made serving slower on 2026-11-23
-        and 2026-11-24: BENCHMARKS.md, experiments not kept.)"""
+    def _admissions_can_run_ahead(self, free: int) -> bool:
+        """Whether the next newcomers (up to `free`) may join a step launched beside the one in
+        flight: they can run ahead, no token of theirs is in flight, and (async prefill off) they
+        compute only their last token, their prompt cached but for it (kv_cache.py's last-block
+        copies). Newcomers admitted without a KV slot for them wait (the scheduler's admission
+        never preempts). (Newcomers with a prefill beside the step in flight were measured on the
+        short-prompt stress test on 2026-11-23 and 2026-11-24: level or slower, BENCHMARKS.md,
+        experiments not kept; on 1k-token prompts with decode-first's many prompt steps: async
+        prefill, BENCHMARKS.md.)"""
+        prefill_ok = self.scheduler_config.async_prefill
         for req in itertools.islice(self.scheduler.waiting, free):
-            if (req.num_computed_tokens or req.num_preemptions or not can_run_ahead(req.sampling_params, 0)
-                    or self.kv.cached_prefix_tokens(req) != req.num_tokens - 1):
+            if req.num_pending or not can_run_ahead(req.sampling_params, req.num_output_tokens):
+                return False
+            if not prefill_ok and (req.num_computed_tokens or req.num_preemptions
+                                   or self.kv.cached_prefix_tokens(req) != req.num_tokens - 1):
                 return False
         return True
 
@@ -375,10 +392,10 @@ class LLMEngine:
             if delta.finished and not req.status.is_finished:
                 self.scheduler.finish(req.request_id, delta.finish_reason or "stop")  # a stop string
             deltas.append(self._retire(delta) if delta.finished else delta)
-        schedule, launch, has_prefill = step.profile
+        schedule, launch, has_prefill, beside = step.profile
         post = time.perf_counter() - t2 - (self._inside_totals() - inside)
         self.profile.add(len(step.out.scheduled), schedule, launch, post, has_prefill=has_prefill,
-                         in_flight=step.out.tokens_pending)
+                         in_flight=step.out.tokens_pending, beside=beside)
         return deltas
 
     def _inside_totals(self) -> float:

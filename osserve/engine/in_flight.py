@@ -24,13 +24,13 @@ class InFlightStep:
     token_ids: torch.Tensor  # [S] on the device: the next step's decode inputs read it there
     host_ids: torch.Tensor  # [S] the same, copied without blocking (pinned on a GPU)
     copied: torch.cuda.Event | None  # marks the copy's end on a GPU
-    profile: tuple[float, float, bool]  # (schedule s, launch s, has a prefill) of its launch
+    profile: tuple[float, float, bool, bool]  # (schedule s, launch s, has a prefill, beside a step in flight)
     grammar_dead: set[str] = field(default_factory=set)  # requests whose grammar allowed no token here
     sampled: Mapping[str, int | list[int]] | None = None  # its ids on the host, once read (engine.py's `_collect`)
 
 
 def start_host_copy(out: SchedulerOutput, rows: list[Request], result: SamplerOutput | None,
-                    profile: tuple[float, float, bool], on_host: torch.Tensor | None = None) -> InFlightStep:
+                    profile: tuple[float, float, bool, bool], on_host: torch.Tensor | None = None) -> InFlightStep:
     """Start copying the sampled ids to the host without waiting for them. on_host: the ids in
     pinned host memory, written by the step itself (no copy; the event marks the step's end)."""
     ids = result.token_ids if result is not None else torch.empty(0, dtype=torch.int64)

@@ -82,6 +82,7 @@ class EngineArgs:
     max_cudagraph_capture_size: int | None = None  # None: up to max_num_seqs
     no_mixed_graphs: bool = False  # mixed prefill+decode steps run eagerly (A/B, debugging)
     no_async_scheduling: bool = False
+    no_async_prefill: bool = False  # steps with prompt tokens finish the step in flight first
     tensor_parallel_size: int = 1  # ranks (GPUs) the model is split over (osserve/distributed/)
     enable_expert_parallel: bool = False  # split the experts over the ranks, not their columns
     nccl_port: int | None = None  # the ranks' rendezvous port on 127.0.0.1; None: a free one
@@ -364,6 +365,7 @@ def scheduler_config(args: EngineArgs, cfg: ModelConfig, device: torch.device, c
         max_model_len=args.max_model_len or min(cfg.max_position_embeddings, 8192 if device.type == "cpu" else 32768),
         admission_delay_s=args.admission_delay_ms / 1000,
         async_scheduling=not args.no_async_scheduling,
+        async_prefill=not args.no_async_prefill,
         decode_first_chunk=0 if args.no_decode_first else chunk,
         decode_first_min_decodes=defaults.decode_first_min_decodes if args.decode_first_min_decodes is None
         else args.decode_first_min_decodes,

@@ -99,7 +99,7 @@ def speculative_step(engine: SpeculatingEngine, spec: SpeculativeDecoder) -> lis
     else:
         by_id = {}
     plain_rows = [rows[i] for i in plain]
-    flight = start_host_copy(out, plain_rows, result, (t1 - t0, time.perf_counter() - t1, True))
+    flight = start_host_copy(out, plain_rows, result, (t1 - t0, time.perf_counter() - t1, True, False))
     plain_ids = result.token_ids.tolist() if result is not None else []
     sampled.update((r.request_id, t) for r, t in zip(plain_rows, plain_ids, strict=True))
     flight.sampled = sampled

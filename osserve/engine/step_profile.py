@@ -22,13 +22,16 @@ class StepProfile:
     grammar: float = 0.0
     steps_with_prefill: int = 0  # these run eagerly; decode-only steps replay a CUDA graph (GPU)
     steps_in_flight: int = 0  # left running while the next one was scheduled (async scheduling)
+    prefills_beside: int = 0  # steps with prompt tokens launched while another was in flight (async prefill)
     every: int = 500
 
     def add(self, batch: int, schedule: float, launch: float, post: float, has_prefill: bool = False,
-            in_flight: bool = False) -> None:
-        """One step's launch and outputs (gpu_wait and grammar are added where they happen)."""
+            in_flight: bool = False, beside: bool = False) -> None:
+        """One step's launch and outputs (gpu_wait and grammar are added where they happen);
+        beside: it was launched while the step before was in flight."""
         self.steps += 1
         self.steps_with_prefill += has_prefill
+        self.prefills_beside += has_prefill and beside
         self.steps_in_flight += in_flight
         self.requests += batch
         self.schedule += schedule
@@ -37,8 +40,8 @@ class StepProfile:
 
     def summary(self) -> str:
         n = max(self.steps, 1)
-        return (f"{self.steps} steps ({self.steps_with_prefill} with prefill, {self.steps_in_flight} left in flight"
-                f"), mean batch {self.requests / n:.1f}; "
+        return (f"{self.steps} steps ({self.steps_with_prefill} with prefill, {self.prefills_beside} of them launched "
+                f"beside a step in flight, {self.steps_in_flight} left in flight), mean batch {self.requests / n:.1f}; "
                 f"ms per step: schedule "
                 f"{1000 * self.schedule / n:.2f}, build+launch {1000 * self.launch / n:.2f}, wait for GPU "
                 f"{1000 * self.gpu_wait / n:.2f}, grammar {1000 * self.grammar / n:.2f}, "

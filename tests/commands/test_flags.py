@@ -286,3 +286,19 @@ def test_async_scheduling_is_on_unless_turned_off(command: list[str]) -> None:
     assert parser.parse_args([*command]).no_async_scheduling is False
     assert parser.parse_args([*command, "--async-scheduling"]).no_async_scheduling is False
     assert parser.parse_args([*command, "--no-async-scheduling"]).no_async_scheduling is True
+
+
+def test_no_async_prefill_reaches_the_scheduler() -> None:
+    """--no-async-prefill turns off launching steps with prompt tokens beside a step in flight;
+    without it they are (the default)."""
+    import torch
+
+    from osserve.cli import build_parser
+    from osserve.engine.load import EngineArgs, cache_config, model_source, scheduler_config
+
+    parser = build_parser()
+    for extra, expected in (([], True), (["--no-async-prefill"], False)):
+        args = EngineArgs.from_namespace(parser.parse_args(["serve", "--preset", "tiny", *extra]))
+        cfg, _ = model_source(args)
+        sched = scheduler_config(args, cfg, torch.device("cpu"), cache_config(args), torch.bfloat16, 1)
+        assert sched.async_prefill is expected and sched.async_scheduling

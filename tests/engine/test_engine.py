@@ -130,10 +130,12 @@ def test_a_repeated_prompt_computes_only_its_last_token(tiny_checkpoint: Path, l
     assert out == first == run(ref, [prompt], GREEDY)["r0"]
 
 
-def test_a_repeated_prompt_joins_beside_the_step_in_flight(tiny_checkpoint: Path) -> None:
+@pytest.mark.parametrize("async_prefill", [False, True])
+def test_a_repeated_prompt_joins_beside_the_step_in_flight(tiny_checkpoint: Path, async_prefill: bool) -> None:
     """Newcomers that compute only their last token are launched like decodes, while the step
-    before is still in flight; a newcomer with a prefill waits for it (async scheduling)."""
-    eng = make_engine(tiny_checkpoint)
+    before is still in flight; a newcomer with a prefill is too with async prefill, else it waits
+    for that step (async scheduling)."""
+    eng = make_engine(tiny_checkpoint, no_async_prefill=not async_prefill)
     prompt = ((prompts(1, seed=5)[0] + prompts(1, seed=6)[0]) * 4)[:63]
     first = run(eng, [prompt], GREEDY)["r0"]
     out: dict[str, list[int]] = {}
@@ -152,10 +154,16 @@ def test_a_repeated_prompt_joins_beside_the_step_in_flight(tiny_checkpoint: Path
     assert eng.in_flight is not None and {"copy0", "copy1", "copy2"} <= set(eng.in_flight.rows)
     eng.add_request("fresh", prompts(1, seed=8)[0], SamplingParams(**vars(GREEDY)))
     step()
-    assert eng.in_flight is None  # the step in flight was finished first: nothing launched beside it
+    if async_prefill:  # launched beside the step in flight, and left in flight in turn
+        assert eng.in_flight is not None and "fresh" in eng.in_flight.rows
+    else:
+        assert eng.in_flight is None  # the step in flight was finished first: nothing launched beside it
     while eng.has_unfinished():
         step()
+    assert eng.profile.prefills_beside == async_prefill  # "fresh"'s, counted once it was read
     assert all(out[f"copy{i}"] == first for i in range(3))
+    ref = make_engine(tiny_checkpoint, no_prefix_caching=True)
+    assert out["fresh"] == run(ref, [prompts(1, seed=8)[0]], GREEDY)["r0"]
 
 
 def test_seeded_sampling_reproducible_alone_and_in_batch(engine: LLMEngine) -> None:
@@ -227,6 +235,26 @@ def test_async_scheduling_changes_no_output(tiny_checkpoint: Path, alone: dict[s
     assert results[0]["r3"] == alone["r3"][:6]
     assert [len(results[0][f"m{i}"]) for i in range(4)] == [3, 5, 7, 9]
     assert profiles[0] > 10 and profiles[1] == 0  # async really ran ahead; sync never did
+
+
+@pytest.mark.parametrize(("budget", "num_blocks"), [(7, None), (64, None), (64, 40)])
+def test_async_prefill_changes_no_output(tiny_checkpoint: Path, alone: dict[str, list[int]], budget: int,
+                                         num_blocks: int | None) -> None:
+    """Prompt chunks and newcomers launched beside the step in flight give the tokens of the
+    other two ways (newcomers with a prefill waiting for that step; every step finished first):
+    prompts in chunks of 7 or 64 tokens arriving every other step, and (40 blocks) a pool too
+    small for them all, so that requests are preempted and recompute. Every block comes back."""
+    results, beside = [], []
+    for extra in ({}, {"no_async_prefill": True}, {"no_async_scheduling": True}):
+        eng = make_engine(tiny_checkpoint, max_num_batched_tokens=budget, num_blocks=num_blocks,
+                          no_prefix_caching=True, **extra)
+        results.append(run(eng, prompts(), GREEDY, stagger=2))
+        beside.append(eng.profile.prefills_beside)
+        assert all(eng.kv.num_free_blocks(g) == eng.kv.num_blocks(g) for g in eng.kv.groups)
+        if num_blocks is not None:
+            assert eng.scheduler.num_preemptions > 0
+    assert results[0] == results[1] == results[2] == alone
+    assert beside[0] > 10 and beside[1] == beside[2] == 0
 
 
 def test_requests_that_need_their_tokens_mix_with_async(tiny_checkpoint: Path) -> None:

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import math
 from collections import OrderedDict
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from osserve.engine.core.request import Request
@@ -346,14 +347,16 @@ class KVCacheManager:
         rb.quiet_until = min(((rb.released.get(g, 0) + 1) * bs + w - 1 for g, w in self.windows.items()
                               if w is not None), default=math.inf)
 
-    def can_allocate_all(self, reqs: list[Request], num_new_tokens: int) -> bool:
-        """Whether allocate_slots(req, num_new_tokens) would succeed for every one of `reqs` in turn
-        (conservative: the sliding blocks it would release first are not counted as free)."""
+    def can_allocate_all(self, reqs: list[Request], num_new_tokens: int | Sequence[int]) -> bool:
+        """Whether allocate_slots(req, n) would succeed for every one of `reqs` in turn, n being
+        num_new_tokens or, where that is a sequence, the request's own count (conservative: the
+        sliding blocks it would release first are not counted as free)."""
         bs = self.block_size
         need = dict.fromkeys(self.pools, 0)
-        for req in reqs:
+        counts = [num_new_tokens] * len(reqs) if isinstance(num_new_tokens, int) else num_new_tokens
+        for req, n in zip(reqs, counts, strict=True):
             rb = self.requests.get(req.request_id)
-            end = req.num_computed_tokens + num_new_tokens
+            end = req.num_computed_tokens + n
             if rb is not None and end <= rb.capacity:
                 continue  # every group's table reaches `end` already (allocate_slots' bounds)
             end_blocks = math.ceil(end / bs)

@@ -141,7 +141,7 @@ class Scheduler:
         each chunk (speculative decoding's draft model writes its guesses there)."""
         out = SchedulerOutput()
         budget = self.config.max_num_batched_tokens
-        prefill = self._prefill_allowance(skip)
+        prefill = self.prefill_allowance(skip)
         i = 0
         while i < len(self.running) and budget > 0:
             req = self.running[i]
@@ -202,7 +202,7 @@ class Scheduler:
         out.block_copies = self.kv.take_copies()
         return out
 
-    def _prefill_allowance(self, skip: Collection[str]) -> int:
+    def prefill_allowance(self, skip: Collection[str] = ()) -> int:
         """The step's prompt tokens under the decode-first rule (decode_first.py): the decodes
         (running requests with one token to compute, drafts and all) are counted first."""
         cfg = self.config
