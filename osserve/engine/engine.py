@@ -56,7 +56,7 @@ from osserve.engine.in_flight import InFlightStep, can_run_ahead, start_host_cop
 from osserve.engine.speculative_step import speculates_next, speculative_step, verify_entry
 from osserve.engine.step_profile import StepProfile
 from osserve.engine.worker.runner import BatchEntry, ModelRunner
-from osserve.engine.worker.sampler import Sampler, SamplerOutput, SamplingBatch
+from osserve.engine.worker.sampler import MaskUpload, Sampler, SamplerOutput, SamplingBatch
 from osserve.errors import InvalidRequestError
 from osserve.speculative.decoder import SpeculativeDecoder
 from osserve.structured.grammar import bounded_answer, free_channels, grammar_text
@@ -95,6 +95,7 @@ class LLMEngine:
         self.profile = StepProfile()
         self.in_flight: InFlightStep | None = None
         self.grammars = Grammars(parts.model_config.vocab_size, pin_memory=self.runner.device.type == "cuda")
+        self.mask_upload = MaskUpload(self.runner.device)
         self.compiling: dict[str, Request] = {}  # waiting for their grammar before they are scheduled
         self.spec = parts.speculative
         self.speculating = False  # the last step was a speculative one (its drafts may wait)
@@ -364,9 +365,12 @@ class LLMEngine:
             output_ids=[r.output_token_ids for r in rows],
             generators=[self.generators.get(r.request_id) for r in rows],
             device=logits.device,
-            token_masks=token_masks,
+            token_masks=self.mask_upload.upload(*token_masks) if token_masks is not None else None,
         )
-        return self.sampler.sample(logits, batch, greedy)
+        result = self.sampler.sample(logits, batch, greedy)
+        if token_masks is not None:
+            self.mask_upload.sampled()
+        return result
 
     def _finish(self, step: InFlightStep, result: SamplerOutput | None = None) -> list[CompletionDelta]:
         """Wait for a step's tokens on the host; update the requests; turn tokens into deltas.

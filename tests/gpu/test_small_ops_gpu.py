@@ -366,3 +366,32 @@ def test_qkv_rope_cache_gpu(t: int) -> None:
     assert torch.equal(kc == POISON, kc_ref == POISON) and torch.equal(vc == POISON, vc_ref == POISON)
     # Same rounding points as the unfused path: all but a few values (accumulation order) agree exactly.
     assert (q_new == q_ref).float().mean().item() > 0.9
+
+
+def test_masks_uploaded_beside_a_running_forward() -> None:
+    """Grammar masks copied on their own stream while the compute stream is busy (a chain of
+    matmuls standing in for the step's forward, launched first): every step's sampling sees that
+    step's masks, not the step before's, though the host buffer and the device buffer are reused
+    each step (one allowed token a row, moving each step), and a grown buffer is filled correctly."""
+    from osserve.engine.core.sampling_params import SamplingParams
+    from osserve.engine.worker.sampler import MaskUpload, Sampler, SamplingBatch
+
+    vocab, words = 201088, (201088 + 31) // 32
+    upload, sampler = MaskUpload(torch.device("cuda")), Sampler()
+    host = torch.zeros(64, words, dtype=torch.int32, pin_memory=True)
+    busy = torch.randn(4096, 4096, device="cuda")
+    for step, rows in enumerate([8, 8, 33, 64, 64, 5]):
+        host.zero_()
+        allowed = [(step * 1000 + 77 * r) % vocab for r in range(rows)]
+        for r, tok in enumerate(allowed):
+            host[r, tok // 32] = (1 << (tok % 32)) - (1 << 32 if tok % 32 == 31 else 0)
+        x = busy
+        for _ in range(20):  # ~ms of queued work ahead of the copy on the compute stream
+            x = torch.tanh(x @ busy)
+        logits = torch.randn(rows, vocab, device="cuda") + x[:rows, :1] * 0
+        params = [SamplingParams(temperature=1.0)] * rows
+        batch = SamplingBatch.build(params, [[1]] * rows, [[]] * rows, [None] * rows, torch.device("cuda"), vocab,
+                                    token_masks=upload.upload(list(range(rows)), host[:rows]))
+        ids = sampler.sample(logits, batch).token_ids
+        upload.sampled()
+        assert ids.tolist() == allowed, step  # .tolist() waits for the step: the host buffer is free again

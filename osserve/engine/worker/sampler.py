@@ -60,9 +60,9 @@ class SamplingBatch:
         generators: list[torch.Generator | None],
         device: torch.device,
         vocab_size: int = 201088,
-        token_masks: tuple[list[int], torch.Tensor] | None = None,
+        token_masks: tuple[torch.Tensor, torch.Tensor] | None = None,
     ) -> SamplingBatch:
-        """token_masks: (rows, their mask words on the host), from the engine's grammars."""
+        """token_masks: (rows, their mask words), on the device already (MaskUpload)."""
         def t(vals: list, dtype: torch.dtype) -> torch.Tensor:  # type: ignore[type-arg]
             host = torch.tensor(vals, dtype=dtype)
             # Pinned: a copy from pageable memory would make the host wait for the GPU's queue.
@@ -85,9 +85,52 @@ class SamplingBatch:
                     if (f := p.forced_token_ids) is not None and len(out) < len(f)},
             generators=generators,
             num_logprobs=max(wanted) if wanted else None,
-            mask_rows=t(token_masks[0], torch.int64) if token_masks else None,
-            mask_bits=token_masks[1].to(device, non_blocking=True) if token_masks else None,
+            mask_rows=token_masks[0] if token_masks else None,
+            mask_bits=token_masks[1] if token_masks else None,
         )
+
+
+class MaskUpload:
+    """A step's grammar masks (a 32-bit word per 32 tokens: 6.4 MB at 256 rows of gpt-oss's vocabulary)
+    copied to the device on a stream of their own. On the compute stream the copy would wait behind
+    the step's forward, launched before the masks were filled, and the sampling behind the copy; on
+    its own stream it overlaps the forward, and the sampling waits for it alone. The device buffer is
+    reused: the step before's sampling, its last reader, is waited for (an event) before it is
+    overwritten (the engine has that step's tokens on the host by then: no wait in practice)."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.stream = torch.cuda.Stream(device) if device.type == "cuda" else None
+        self.bits = torch.empty(0, 0, dtype=torch.int32, device=device)
+        self.read: torch.cuda.Event | None = None  # recorded after the last sampling that read `bits`
+
+    def upload(self, rows: list[int], bits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(rows int64, bits [R, W] int32) on the device, for SamplingBatch.build's token_masks.
+        bits: host memory (pinned on a GPU) that stays untouched until the step's tokens are read."""
+        if self.stream is None:
+            return torch.tensor(rows, dtype=torch.int64, device=self.device), bits.to(self.device)
+        n, words = bits.shape
+        compute = torch.cuda.current_stream(self.device)
+        fresh = self.bits.shape[0] < n or self.bits.shape[1] != words
+        if fresh:  # allocated on the compute stream: its memory may still be in use by work queued there
+            self.bits = torch.empty(max(n, 2 * self.bits.shape[0]), words, dtype=torch.int32, device=self.device)
+        with torch.cuda.stream(self.stream):
+            if fresh:
+                self.stream.wait_stream(compute)
+            elif self.read is not None:
+                self.stream.wait_event(self.read)
+            device_bits = self.bits[:n]
+            device_bits.copy_(bits, non_blocking=True)
+            device_rows = torch.tensor(rows, dtype=torch.int64).pin_memory().to(self.device, non_blocking=True)
+        compute.wait_stream(self.stream)
+        device_rows.record_stream(compute)  # allocated on the copy stream, read on the compute one
+        return device_rows, device_bits
+
+    def sampled(self) -> None:
+        """Mark that the sampling launched since the last upload is the buffer's last reader so far."""
+        if self.stream is not None:
+            self.read = torch.cuda.Event()
+            self.read.record(torch.cuda.current_stream(self.device))
 
 
 def _penalties(
