@@ -56,7 +56,7 @@ from osserve.engine.in_flight import InFlightStep, can_run_ahead, start_host_cop
 from osserve.engine.speculative_step import speculates_next, speculative_step, verify_entry
 from osserve.engine.step_profile import StepProfile
 from osserve.engine.worker.runner import BatchEntry, ModelRunner
-from osserve.engine.worker.sampler import MaskUpload, Sampler, SamplerOutput, SamplingBatch
+from osserve.engine.worker.sampler import MaskUpload, RowSettings, Sampler, SamplerOutput, SamplingBatch
 from osserve.errors import InvalidRequestError
 from osserve.speculative.decoder import SpeculativeDecoder
 from osserve.structured.grammar import bounded_answer, free_channels, grammar_text
@@ -96,6 +96,7 @@ class LLMEngine:
         self.in_flight: InFlightStep | None = None
         self.grammars = Grammars(parts.model_config.vocab_size, pin_memory=self.runner.device.type == "cuda")
         self.mask_upload = MaskUpload(self.runner.device)
+        self.row_settings: RowSettings | None = None  # the last step's rows' (reused while they sample in order)
         self.compiling: dict[str, Request] = {}  # waiting for their grammar before they are scheduled
         self.spec = parts.speculative
         self.speculating = False  # the last step was a speculative one (its drafts may wait)
@@ -366,7 +367,9 @@ class LLMEngine:
             generators=[self.generators.get(r.request_id) for r in rows],
             device=logits.device,
             token_masks=self.mask_upload.upload(*token_masks) if token_masks is not None else None,
+            settings=self.row_settings,
         )
+        self.row_settings = batch.settings
         result = self.sampler.sample(logits, batch, greedy)
         if token_masks is not None:
             self.mask_upload.sampled()

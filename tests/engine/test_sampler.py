@@ -130,3 +130,34 @@ def test_greedy_ids_from_the_runner_are_taken_only_where_the_logits_are_unchange
     assert Sampler().sample(logits, batch([penalised] * 2, outputs=[[5], [5]]), given).token_ids.tolist() != [1, 2]
     hot = SamplingParams(temperature=1.0, top_k=1)
     assert Sampler().sample(logits, batch([hot] * 2), given).token_ids.tolist() == [5, 5]
+
+
+def test_row_settings_are_reused_only_for_the_same_rows_in_order() -> None:
+    """A step's per-row settings are kept while the same requests sample in the same order; another
+    order, another request or another count rebuilds them, and the scripted rows (stops banned up
+    to min_tokens, forced tokens) follow each step's outputs either way."""
+    greedy, hot = SamplingParams(temperature=0), SamplingParams(temperature=1.5, top_k=3)
+    banned = SamplingParams(temperature=0, min_tokens=2, stop_token_ids=[4])
+    forced = SamplingParams(temperature=0, forced_token_ids=[6, 7])
+    rows = [greedy, hot, banned, forced]
+    first = SamplingBatch.build(rows, [[0]] * 4, [[], [], [], []], [None] * 4, torch.device("cpu"), V)
+    again = SamplingBatch.build(rows, [[0]] * 4, [[], [], [1, 1], [6]], [None] * 4, torch.device("cpu"), V,
+                                settings=first.settings)
+    assert again.settings is first.settings
+    assert first.mask_stop == {2: [4]} and first.forced == {3: 6}
+    assert again.mask_stop == {} and again.forced == {3: 7}
+    swapped = SamplingBatch.build([hot, greedy, banned, forced], [[0]] * 4, [[]] * 4, [None] * 4,
+                                  torch.device("cpu"), V, settings=first.settings)
+    assert swapped.settings is not first.settings
+    assert swapped.temperature is not None and swapped.temperature.tolist() == [1.5, 0.0, 0.0, 0.0]
+    assert swapped.top_k is not None and swapped.top_k.tolist() == [3, V, V, V]
+    copy = SamplingParams(**vars(greedy))  # equal, but another request's
+    other = SamplingBatch.build([copy, hot, banned, forced], [[0]] * 4, [[]] * 4, [None] * 4, torch.device("cpu"),
+                                V, settings=first.settings)
+    assert other.settings is not first.settings
+    fewer = SamplingBatch.build(rows[:3], [[0]] * 3, [[]] * 3, [None] * 3, torch.device("cpu"), V,
+                                settings=first.settings)
+    assert fewer.settings is not first.settings and fewer.forced == {}
+    logits = torch.zeros(4, V)
+    logits[:, 4] = 5.0  # the stop id is every row's argmax
+    assert Sampler().sample(logits, first).token_ids.tolist()[2:] == [0, 6]  # banned (argmax of the rest), forced

@@ -10,7 +10,6 @@ Logprobs are those of the raw model distribution (vLLM's default), before penalt
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -30,22 +29,86 @@ class Penalties:
     seen: torch.Tensor  # [B, V] bool: token in prompt or output (repetition penalty)
 
 
-@dataclass
-class SamplingBatch:
-    """Per-row settings. A tensor is built only when some row needs it (each costs a pass over
-    the rows, a pinned copy and a launch per step): a batch of greedy rows builds none."""
+def _to_device(vals: list, dtype: torch.dtype, device: torch.device) -> torch.Tensor:  # type: ignore[type-arg]
+    host = torch.tensor(vals, dtype=dtype)
+    # Pinned: a copy from pageable memory would make the host wait for the GPU's queue.
+    return (host.pin_memory() if device.type == "cuda" else host).to(device, non_blocking=True)
 
+
+@dataclass
+class RowSettings:
+    """The settings of a batch's rows that depend on its requests alone, not on their tokens so far.
+    A tensor is built only when some row needs it (each costs a pass over the rows, a pinned copy
+    and a launch): a batch of greedy rows builds none. Kept while the same requests sample in the
+    same order (most steps of a steady decode), so such a step builds nothing."""
+
+    params: list[SamplingParams]  # the rows' own objects, held: reuse is decided by identity
     temperature: torch.Tensor | None  # [B] float32; 0 marks greedy rows. None: every row is greedy
     top_k: torch.Tensor | None  # [B] int64; vocab size where disabled. None: no row limits it
     top_p: torch.Tensor | None  # [B] float32. None: every row keeps 1.0
     min_p: torch.Tensor | None  # [B] float32. None: every row has 0
+    num_logprobs: int | None  # most top logprobs any row asked for
+    penalized: bool  # some row has a penalty (its counts are built each step)
+    scripted: list[int]  # rows with stop ids banned up to min_tokens or forced tokens: looked at each step
+
+    @classmethod
+    def build(cls, params: list[SamplingParams], device: torch.device, vocab_size: int) -> RowSettings:
+        greedy = all(p.temperature == 0.0 for p in params)
+        any_top_k = any(0 < p.top_k < vocab_size for p in params)
+        any_top_p = any(p.top_p < 1.0 for p in params)
+        any_min_p = any(p.min_p > 0.0 for p in params)
+        wanted = [p.logprobs for p in params if p.logprobs is not None]
+        return cls(
+            params=list(params),
+            temperature=None if greedy else _to_device([p.temperature for p in params], torch.float32, device),
+            top_k=_to_device([p.top_k if p.top_k > 0 else vocab_size for p in params], torch.int64, device)
+            if any_top_k else None,
+            top_p=_to_device([p.top_p for p in params], torch.float32, device) if any_top_p else None,
+            min_p=_to_device([p.min_p for p in params], torch.float32, device) if any_min_p else None,
+            num_logprobs=max(wanted) if wanted else None,
+            penalized=any(p.repetition_penalty != 1.0 or p.frequency_penalty != 0.0 or p.presence_penalty != 0.0
+                          for p in params),
+            scripted=[i for i, p in enumerate(params)
+                      if p.min_tokens > 0 and p.stop_token_ids or p.forced_token_ids is not None],
+        )
+
+    def holds(self, params: list[SamplingParams]) -> bool:
+        """Whether these are the settings of exactly these rows (the same requests, in order)."""
+        mine = self.params
+        return len(mine) == len(params) and all(a is b for a, b in zip(mine, params, strict=True))
+
+
+@dataclass
+class SamplingBatch:
+    """One step's rows: their settings (RowSettings) and what depends on their tokens so far."""
+
+    settings: RowSettings
     penalties: Penalties | None  # None: no row has a penalty
     mask_stop: dict[int, list[int]]  # row -> stop ids banned until its min_tokens are out
     forced: dict[int, int]  # row -> the scripted token it emits this step
     generators: list[torch.Generator | None]
-    num_logprobs: int | None  # most top logprobs any row asked for
     mask_rows: torch.Tensor | None = None  # [R] int64: rows whose grammar constrains them (structured/)
     mask_bits: torch.Tensor | None = None  # [R, V/32] int32: their allowed tokens, a bit each
+
+    @property
+    def temperature(self) -> torch.Tensor | None:
+        return self.settings.temperature
+
+    @property
+    def top_k(self) -> torch.Tensor | None:
+        return self.settings.top_k
+
+    @property
+    def top_p(self) -> torch.Tensor | None:
+        return self.settings.top_p
+
+    @property
+    def min_p(self) -> torch.Tensor | None:
+        return self.settings.min_p
+
+    @property
+    def num_logprobs(self) -> int | None:
+        return self.settings.num_logprobs
 
     @property
     def all_greedy(self) -> bool:
@@ -61,33 +124,48 @@ class SamplingBatch:
         device: torch.device,
         vocab_size: int = 201088,
         token_masks: tuple[torch.Tensor, torch.Tensor] | None = None,
+        settings: RowSettings | None = None,
     ) -> SamplingBatch:
-        """token_masks: (rows, their mask words), on the device already (MaskUpload)."""
-        def t(vals: list, dtype: torch.dtype) -> torch.Tensor:  # type: ignore[type-arg]
-            host = torch.tensor(vals, dtype=dtype)
-            # Pinned: a copy from pageable memory would make the host wait for the GPU's queue.
-            return (host.pin_memory() if device.type == "cuda" else host).to(device, non_blocking=True)
-
-        greedy = all(p.temperature == 0.0 for p in params)
-        any_top_k = any(0 < p.top_k < vocab_size for p in params)
-        any_top_p = any(p.top_p < 1.0 for p in params)
-        any_min_p = any(p.min_p > 0.0 for p in params)
-        wanted = [p.logprobs for p in params if p.logprobs is not None]
+        """token_masks: (rows, their mask words), on the device already (MaskUpload). settings: the
+        last step's, reused where they hold these rows (the batch's `settings` are the ones to keep)."""
+        if settings is None or not settings.holds(params):
+            settings = RowSettings.build(params, device, vocab_size)
+        mask_stop, forced = {}, {}
+        for i in settings.scripted:
+            p, done = params[i], len(output_ids[i])
+            if done < p.min_tokens and p.stop_token_ids:
+                mask_stop[i] = list(p.stop_token_ids)
+            if (f := p.forced_token_ids) is not None and done < len(f):
+                forced[i] = f[done]
         return cls(
-            temperature=None if greedy else t([p.temperature for p in params], torch.float32),
-            top_k=t([p.top_k if p.top_k > 0 else vocab_size for p in params], torch.int64) if any_top_k else None,
-            top_p=t([p.top_p for p in params], torch.float32) if any_top_p else None,
-            min_p=t([p.min_p for p in params], torch.float32) if any_min_p else None,
-            penalties=_penalties(params, prompt_ids, output_ids, device, vocab_size, t),
-            mask_stop={i: list(p.stop_token_ids) for i, (p, out) in enumerate(zip(params, output_ids, strict=True))
-                       if len(out) < p.min_tokens and p.stop_token_ids},
-            forced={i: f[len(out)] for i, (p, out) in enumerate(zip(params, output_ids, strict=True))
-                    if (f := p.forced_token_ids) is not None and len(out) < len(f)},
+            settings=settings,
+            penalties=_penalties(params, prompt_ids, output_ids, device, vocab_size) if settings.penalized else None,
+            mask_stop=mask_stop,
+            forced=forced,
             generators=generators,
-            num_logprobs=max(wanted) if wanted else None,
             mask_rows=token_masks[0] if token_masks else None,
             mask_bits=token_masks[1] if token_masks else None,
         )
+
+
+def _penalties(
+    params: list[SamplingParams], prompt_ids: list[list[int]], output_ids: list[list[int]], device: torch.device,
+    vocab_size: int,
+) -> Penalties:
+    b = len(params)
+    counts = torch.zeros(b, vocab_size, dtype=torch.float32, device=device)
+    seen = torch.zeros(b, vocab_size, dtype=torch.bool, device=device)
+    for i, (pr, out) in enumerate(zip(prompt_ids, output_ids, strict=True)):
+        if out:
+            o = torch.tensor(out, device=device)
+            counts[i].index_add_(0, o, torch.ones(len(out), device=device))
+        seen[i, torch.tensor(pr + out, dtype=torch.long, device=device)] = True
+    return Penalties(
+        repetition=_to_device([p.repetition_penalty for p in params], torch.float32, device),
+        frequency=_to_device([p.frequency_penalty for p in params], torch.float32, device),
+        presence=_to_device([p.presence_penalty for p in params], torch.float32, device),
+        output_counts=counts, seen=seen,
+    )
 
 
 class MaskUpload:
@@ -131,29 +209,6 @@ class MaskUpload:
         if self.stream is not None:
             self.read = torch.cuda.Event()
             self.read.record(torch.cuda.current_stream(self.device))
-
-
-def _penalties(
-    params: list[SamplingParams], prompt_ids: list[list[int]], output_ids: list[list[int]], device: torch.device,
-    vocab_size: int, t: Callable[[list, torch.dtype], torch.Tensor],  # type: ignore[type-arg]
-) -> Penalties | None:
-    if not any(p.repetition_penalty != 1.0 or p.frequency_penalty != 0.0 or p.presence_penalty != 0.0
-               for p in params):
-        return None
-    b = len(params)
-    counts = torch.zeros(b, vocab_size, dtype=torch.float32, device=device)
-    seen = torch.zeros(b, vocab_size, dtype=torch.bool, device=device)
-    for i, (pr, out) in enumerate(zip(prompt_ids, output_ids, strict=True)):
-        if out:
-            o = torch.tensor(out, device=device)
-            counts[i].index_add_(0, o, torch.ones(len(out), device=device))
-        seen[i, torch.tensor(pr + out, dtype=torch.long, device=device)] = True
-    return Penalties(
-        repetition=t([p.repetition_penalty for p in params], torch.float32),
-        frequency=t([p.frequency_penalty for p in params], torch.float32),
-        presence=t([p.presence_penalty for p in params], torch.float32),
-        output_counts=counts, seen=seen,
-    )
 
 
 @dataclass
