@@ -7,7 +7,13 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from osserve.engine.worker.cuda_graphs import BlockTableBuffer, DecodeGraphs, StepOutputs, block_table_array
+from osserve.engine.worker.cuda_graphs import (
+    BlockTableBuffer,
+    BlockTableRows,
+    DecodeGraphs,
+    StepOutputs,
+    block_table_array,
+)
 from osserve.engine.worker.runner import BatchEntry, ModelRunner
 from osserve.engine.worker.staged_inputs import StagedInputs
 
@@ -65,6 +71,42 @@ def test_block_tables_equal_to_the_last_write_are_not_copied_again() -> None:
     assert buf.tensor[0].tolist() == [42, 2, -1, -1]
     buf.write(block_table_array([[1, 2, 3]], 1))
     assert buf.tensor[0].tolist() == [1, 2, 3, -1]
+
+
+def test_incremental_block_table_rows_equal_a_fresh_build() -> None:
+    """BlockTableRows against block_table_array over a random run of decode-like steps: tables
+    grow, blocks turn into holes without the table growing (a sliding window), requests come and
+    go and the batch is reordered or padded; each step's array equals a fresh build, and an array
+    handed out earlier never changes afterwards."""
+    rng = np.random.default_rng(0)
+    tables = [list(rng.integers(0, 1000, rng.integers(1, 12))) for _ in range(24)]
+    rows = BlockTableRows()
+    handed: list[tuple[np.ndarray, np.ndarray]] = []
+    reused = unchanged = 0
+    last_rows = -1
+    for _ in range(400):
+        move = rng.random()
+        if move < 0.5:  # a few tables grow by a block, as decodes cross a block boundary
+            for i in rng.choice(len(tables), 2, replace=False):
+                tables[i].append(int(rng.integers(0, 1000)))
+        elif move < 0.7:  # a block leaves the window: a hole, the table's length unchanged
+            i = int(rng.integers(len(tables)))
+            tables[i][int(rng.integers(len(tables[i])))] = -1
+        elif move < 0.78:  # a request ends, another joins
+            tables[int(rng.integers(len(tables)))] = list(rng.integers(0, 1000, rng.integers(1, 30)))
+        elif move < 0.84:
+            rng.shuffle(tables)  # another order
+        elif move < 0.9:
+            tables = tables[:-1] if len(tables) > 8 else tables + [[5]]
+        num_rows = len(tables) + int(rng.integers(0, 2))  # a graph's size pads the batch
+        unchanged += move >= 0.9 and num_rows == last_rows
+        last_rows = num_rows
+        array = rows.rows(tables, num_rows)
+        reused += any(array is old for old, _ in handed[-1:])
+        assert np.array_equal(array, block_table_array(tables, num_rows))
+        handed.append((array, array.copy()))
+    assert all(np.array_equal(a, copy) for a, copy in handed)
+    assert reused >= unchanged > 5  # unchanged steps hand back the same array
 
 
 def test_staged_inputs_one_buffer_typed_views_and_padding() -> None:
