@@ -38,7 +38,6 @@ AsyncEngine (engine/async_engine.py) runs this loop in a thread for the server; 
 
 from __future__ import annotations
 
-import itertools
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -52,7 +51,7 @@ from osserve.engine.core.outputs import CompletionDelta, EngineStats, TokenLogpr
 from osserve.engine.core.request import PENDING_TOKEN, Request
 from osserve.engine.core.sampling_params import SamplingParams
 from osserve.engine.core.scheduler import Scheduler, SchedulerOutput
-from osserve.engine.in_flight import InFlightStep, can_run_ahead, start_host_copy
+from osserve.engine.in_flight import InFlightStep, can_launch_beside, can_run_ahead, ending_in_flight, start_host_copy
 from osserve.engine.speculative_step import speculates_next, speculative_step, verify_entry
 from osserve.engine.step_profile import StepProfile
 from osserve.engine.worker.runner import BatchEntry, ModelRunner
@@ -227,8 +226,8 @@ class LLMEngine:
             return self._finish(flight)  # drain: a speculative step needs every token known
         t0 = time.perf_counter()
         prev = self.in_flight
-        ending = self._ending_in_flight() if prev is not None else set()
-        if prev is not None and not self._can_overlap(ending):
+        ending = ending_in_flight(self.scheduler) if prev is not None else set()
+        if prev is not None and not can_launch_beside(self.scheduler, ending):
             self.in_flight = None
             return self._finish(prev)  # drain: the next call schedules with every token known
         out = self.scheduler.schedule(ending)
@@ -310,51 +309,6 @@ class LLMEngine:
         """One speculative step (engine/speculative_step.py): a method for bench_spec.py to time."""
         assert self.spec is not None
         return speculative_step(self, self.spec)
-
-    def _can_overlap(self, ending: set[str]) -> bool:
-        """The next step may be launched before the one in flight is read: every request it may
-        hold can run ahead, and every running one gets its slots without a preemption (preemption
-        is left to steps scheduled with every token known, as it always was for decodes). Prompt
-        tokens (chunks, newcomers) join such a step with async prefill on; else only decodes and
-        newcomers whose prompt is cached but for its last token do."""
-        sched = self.scheduler
-        free = self.scheduler_config.max_num_seqs - len(sched.running)
-        if sched.waiting and free > 0 and not self._admissions_can_run_ahead(free):
-            return False  # an admission that needs the step in flight finished first
-        going_on = [r for r in sched.running if r.request_id not in ending]
-        if not all(can_run_ahead(r.sampling_params, r.num_output_tokens) for r in going_on):
-            return False
-        left = [r.num_tokens - r.num_computed_tokens for r in going_on]
-        if all(n == 1 for n in left):
-            return self.kv.can_allocate_all(going_on, 1)
-        if not self.scheduler_config.async_prefill:
-            return False
-        # A prompt chunk takes at most the step's prompt allowance (decode-first) or its budget.
-        most = min(sched.prefill_allowance(ending), self.scheduler_config.max_num_batched_tokens)
-        return self.kv.can_allocate_all(going_on, [n if n == 1 else min(n, most) for n in left])
-
-    def _admissions_can_run_ahead(self, free: int) -> bool:
-        """Whether the next newcomers (up to `free`) may join a step launched beside the one in
-        flight: they can run ahead, no token of theirs is in flight, and (async prefill off) they
-        compute only their last token, their prompt cached but for it (kv_cache.py's last-block
-        copies). Newcomers admitted without a KV slot for them wait (the scheduler's admission
-        never preempts). (Newcomers with a prefill beside the step in flight were measured on the
-        short-prompt stress test on 2026-11-23 and 2026-11-24: level or slower, BENCHMARKS.md,
-        experiments not kept; on 1k-token prompts with decode-first's many prompt steps: async
-        prefill, BENCHMARKS.md.)"""
-        prefill_ok = self.scheduler_config.async_prefill
-        for req in itertools.islice(self.scheduler.waiting, free):
-            if req.num_pending or not can_run_ahead(req.sampling_params, req.num_output_tokens):
-                return False
-            if not prefill_ok and (req.num_computed_tokens or req.num_preemptions
-                                   or self.kv.cached_prefix_tokens(req) != req.num_tokens - 1):
-                return False
-        return True
-
-    def _ending_in_flight(self) -> set[str]:
-        """Requests whose token in flight is certain to be their last: they sit the next step out."""
-        ends = self.scheduler.ends_by_length
-        return {r.request_id for r in self.scheduler.running if r.num_pending > 0 and ends(r)}
 
     def _launch_sample(self, rows: list[Request], logits: torch.Tensor, greedy: torch.Tensor | None,
                        token_masks: tuple[list[int], torch.Tensor] | None = None) -> SamplerOutput | None:

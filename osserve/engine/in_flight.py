@@ -1,8 +1,10 @@
 """A step left in flight (async scheduling, engine.py): launched, its sampled ids on their way to
-the host, while the next step is scheduled and launched. Which requests may run ahead so."""
+the host, while the next step is scheduled and launched. Which requests may run ahead so, and when
+the next step may be launched beside the one in flight."""
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -10,7 +12,7 @@ import torch
 
 from osserve.engine.core.request import Request
 from osserve.engine.core.sampling_params import SamplingParams
-from osserve.engine.core.scheduler import SchedulerOutput
+from osserve.engine.core.scheduler import Scheduler, SchedulerOutput
 from osserve.engine.worker.sampler import SamplerOutput
 
 
@@ -53,3 +55,50 @@ def can_run_ahead(params: SamplingParams, num_output_tokens: int) -> bool:
     return (params.repetition_penalty == 1.0 and params.frequency_penalty == 0.0
             and params.presence_penalty == 0.0 and params.logprobs is None
             and params.forced_token_ids is None and num_output_tokens >= params.min_tokens)
+
+
+def ending_in_flight(scheduler: Scheduler) -> set[str]:
+    """Requests whose token in flight is certain to be their last: they sit the next step out."""
+    ends = scheduler.ends_by_length
+    return {r.request_id for r in scheduler.running if r.num_pending > 0 and ends(r)}
+
+
+def can_launch_beside(scheduler: Scheduler, ending: set[str]) -> bool:
+    """The next step may be launched before the one in flight is read: every request it may hold
+    can run ahead, and every running one gets its slots without a preemption (preemption is left to
+    steps scheduled with every token known, as it always was for decodes). Prompt tokens (chunks,
+    newcomers) join such a step with async prefill on; else only decodes and newcomers whose prompt
+    is cached but for its last token do. `ending`: ending_in_flight's requests."""
+    config, kv = scheduler.config, scheduler.kv
+    free = config.max_num_seqs - len(scheduler.running)
+    if scheduler.waiting and free > 0 and not _admissions_can_run_ahead(scheduler, free):
+        return False  # an admission that needs the step in flight finished first
+    going_on = [r for r in scheduler.running if r.request_id not in ending]
+    if not all(can_run_ahead(r.sampling_params, r.num_output_tokens) for r in going_on):
+        return False
+    left = [r.num_tokens - r.num_computed_tokens for r in going_on]
+    if all(n == 1 for n in left):
+        return kv.can_allocate_all(going_on, 1)
+    if not config.async_prefill:
+        return False
+    # A prompt chunk takes at most the step's prompt allowance (decode-first) or its budget.
+    most = min(scheduler.prefill_allowance(ending), config.max_num_batched_tokens)
+    return kv.can_allocate_all(going_on, [n if n == 1 else min(n, most) for n in left])
+
+
+def _admissions_can_run_ahead(scheduler: Scheduler, free: int) -> bool:
+    """Whether the next newcomers (up to `free`) may join a step launched beside the one in flight:
+    they can run ahead, no token of theirs is in flight, and (async prefill off) they compute only
+    their last token, their prompt cached but for it (kv_cache.py's last-block copies). Newcomers
+    without a KV slot for them wait (the scheduler's admission never preempts). (Newcomers with a
+    prefill beside the step in flight were measured on the short-prompt stress test on 2026-11-23
+    and 2026-11-24: level or slower, BENCHMARKS.md, experiments not kept; on 1k-token prompts with
+    decode-first's many prompt steps they won: async prefill, BENCHMARKS.md.)"""
+    prefill_ok = scheduler.config.async_prefill
+    for req in itertools.islice(scheduler.waiting, free):
+        if req.num_pending or not can_run_ahead(req.sampling_params, req.num_output_tokens):
+            return False
+        if not prefill_ok and (req.num_computed_tokens or req.num_preemptions
+                               or scheduler.kv.cached_prefix_tokens(req) != req.num_tokens - 1):
+            return False
+    return True
