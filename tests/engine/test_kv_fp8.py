@@ -122,13 +122,17 @@ def test_the_prefix_cache_serves_blocks_and_copies_the_last_with_its_scales(tiny
 
 
 def test_async_scheduling_changes_no_output(tiny_checkpoint: Path, fp8_alone: dict[str, list[int]]) -> None:
-    results, in_flight = [], []
+    """Steps left in flight, and newcomers' prefills launched beside them (async prefill), write
+    and read the FP8 cache as synchronous steps do."""
+    results, in_flight, beside = [], [], []
     for run_ahead in (True, False):
         eng = make_engine(tiny_checkpoint, no_async_scheduling=not run_ahead, **FP8)
         results.append(run(eng, prompts(), GREEDY, stagger=2))
         in_flight.append(eng.profile.steps_in_flight)
+        beside.append(eng.profile.prefills_beside)
     assert results[0] == results[1] == fp8_alone
     assert in_flight[0] > 10 and in_flight[1] == 0
+    assert beside[0] > 5 and beside[1] == 0
 
 
 def test_the_offline_llm_takes_the_flag(tiny_checkpoint: Path, fp8_alone: dict[str, list[int]]) -> None:
