@@ -111,7 +111,8 @@ def test_each_row_samples_as_alone_whatever_tensors_its_batch_builds() -> None:
     assert together.token_ids.tolist() == [int(t) for t in alone]
     assert together.token_ids[2] == 6 and together.token_ids[1] != logits[1].argmax()
     plain = batch([SamplingParams(temperature=0)] * 3)
-    assert plain.temperature is None and plain.top_k is None and plain.penalties is None and not plain.forced
+    assert plain.settings.temperature is None and plain.settings.top_k is None
+    assert plain.penalties is None and not plain.forced
 
 
 def test_greedy_ids_from_the_runner_are_taken_only_where_the_logits_are_unchanged() -> None:
@@ -149,8 +150,8 @@ def test_row_settings_are_reused_only_for_the_same_rows_in_order() -> None:
     swapped = SamplingBatch.build([hot, greedy, banned, forced], [[0]] * 4, [[]] * 4, [None] * 4,
                                   torch.device("cpu"), V, settings=first.settings)
     assert swapped.settings is not first.settings
-    assert swapped.temperature is not None and swapped.temperature.tolist() == [1.5, 0.0, 0.0, 0.0]
-    assert swapped.top_k is not None and swapped.top_k.tolist() == [3, V, V, V]
+    assert swapped.settings.temperature is not None and swapped.settings.temperature.tolist() == [1.5, 0.0, 0.0, 0.0]
+    assert swapped.settings.top_k is not None and swapped.settings.top_k.tolist() == [3, V, V, V]
     copy = SamplingParams(**vars(greedy))  # equal, but another request's
     other = SamplingBatch.build([copy, hot, banned, forced], [[0]] * 4, [[]] * 4, [None] * 4, torch.device("cpu"),
                                 V, settings=first.settings)

@@ -91,28 +91,8 @@ class SamplingBatch:
     mask_bits: torch.Tensor | None = None  # [R, V/32] int32: their allowed tokens, a bit each
 
     @property
-    def temperature(self) -> torch.Tensor | None:
-        return self.settings.temperature
-
-    @property
-    def top_k(self) -> torch.Tensor | None:
-        return self.settings.top_k
-
-    @property
-    def top_p(self) -> torch.Tensor | None:
-        return self.settings.top_p
-
-    @property
-    def min_p(self) -> torch.Tensor | None:
-        return self.settings.min_p
-
-    @property
-    def num_logprobs(self) -> int | None:
-        return self.settings.num_logprobs
-
-    @property
     def all_greedy(self) -> bool:
-        return self.temperature is None
+        return self.settings.temperature is None
 
     @classmethod
     def build(
@@ -186,7 +166,7 @@ class MaskUpload:
         """(rows int64, bits [R, W] int32) on the device, for SamplingBatch.build's token_masks.
         bits: host memory (pinned on a GPU) that stays untouched until the step's tokens are read."""
         if self.stream is None:
-            return torch.tensor(rows, dtype=torch.int64, device=self.device), bits.to(self.device)
+            return _to_device(rows, torch.int64, self.device), bits.to(self.device)
         n, words = bits.shape
         compute = torch.cuda.current_stream(self.device)
         fresh = self.bits.shape[0] < n or self.bits.shape[1] != words
@@ -199,7 +179,7 @@ class MaskUpload:
                 self.stream.wait_event(self.read)
             device_bits = self.bits[:n]
             device_bits.copy_(bits, non_blocking=True)
-            device_rows = torch.tensor(rows, dtype=torch.int64).pin_memory().to(self.device, non_blocking=True)
+            device_rows = _to_device(rows, torch.int64, self.device)
         compute.wait_stream(self.stream)
         device_rows.record_stream(compute)  # allocated on the copy stream, read on the compute one
         return device_rows, device_bits
@@ -286,6 +266,7 @@ class Sampler:
     def sample(self, logits: torch.Tensor, b: SamplingBatch, greedy: torch.Tensor | None = None) -> SamplerOutput:
         """greedy: logits.argmax(-1) where the runner computed it with the logits (ops/linear/head_triton.py);
         used where every row is greedy and nothing changes the logits before the choice."""
+        settings = b.settings
         logits = logits.float()
         raw = logits
         for row, ids in b.mask_stop.items():
@@ -295,35 +276,35 @@ class Sampler:
         masked = b.mask_rows is not None and b.mask_bits is not None
         if b.mask_rows is not None and b.mask_bits is not None:
             # In place where nothing reads the raw logits after: the runner's buffer is this step's alone.
-            logits = logits.clone() if logits is raw and b.num_logprobs is not None else logits
+            logits = logits.clone() if logits is raw and settings.num_logprobs is not None else logits
             apply_token_bitmask(logits, b.mask_rows, b.mask_bits)
-        if b.temperature is None:  # every row is greedy
+        if settings.temperature is None:  # every row is greedy
             chosen = greedy if greedy is not None and logits is raw and not masked else logits.argmax(-1)
-        elif use_triton(logits) and b.top_k is None and b.top_p is None and b.min_p is None:
+        elif use_triton(logits) and settings.top_k is None and settings.top_p is None and settings.min_p is None:
             # Plain temperature sampling (the default): one fused pass (ops/sampling/gumbel_triton.py).
             from osserve.ops.sampling.gumbel_triton import gumbel_argmax_triton
 
-            chosen = gumbel_argmax_triton(logits, b.temperature, self._seeds(b.generators, logits.device))
+            chosen = gumbel_argmax_triton(logits, settings.temperature, self._seeds(b.generators, logits.device))
         else:
             greedy = logits.argmax(-1)
-            temp = torch.where(b.temperature > 0, b.temperature, torch.ones_like(b.temperature))
+            temp = torch.where(settings.temperature > 0, settings.temperature, torch.ones_like(settings.temperature))
             scaled = logits / temp[:, None]
-            if b.top_k is not None or b.top_p is not None:
-                scaled = apply_top_k_top_p(scaled, b.top_k, b.top_p)
-            if b.min_p is not None:
-                scaled = apply_min_p(scaled, b.min_p)
+            if settings.top_k is not None or settings.top_p is not None:
+                scaled = apply_top_k_top_p(scaled, settings.top_k, settings.top_p)
+            if settings.min_p is not None:
+                scaled = apply_min_p(scaled, settings.min_p)
             probs = scaled.softmax(-1)
             noise = torch.empty_like(probs).exponential_()
             for row, g in enumerate(b.generators):
                 if g is not None:  # the request's own stream: independent of the batch
                     noise[row] = torch.empty_like(probs[row]).exponential_(generator=g)
             sampled = (probs / noise).argmax(-1)
-            chosen = torch.where(b.temperature > 0, sampled, greedy)
+            chosen = torch.where(settings.temperature > 0, sampled, greedy)
         if b.forced:
             forced = torch.tensor([b.forced.get(row, -1) for row in range(len(chosen))], device=chosen.device)
             chosen = torch.where(forced >= 0, forced, chosen)
-        if b.num_logprobs is None:
+        if settings.num_logprobs is None:
             return SamplerOutput(chosen, None, None, None)
         logp = raw.log_softmax(-1)
-        top_lp, top_ids = logp.topk(max(b.num_logprobs, 1), dim=-1)
+        top_lp, top_ids = logp.topk(max(settings.num_logprobs, 1), dim=-1)
         return SamplerOutput(chosen, logp.gather(-1, chosen[:, None])[:, 0], top_ids, top_lp)
