@@ -3,6 +3,11 @@
 Every request streams (SSE). TTFT is the first chunk that carries text — reasoning or content,
 since gpt-oss reasons first; output tokens come from the server's usage (chat and completions
 with `stream_options.include_usage`, the Responses API's `response.completed`).
+
+The first event is also recorded, text or not. osserve's chat stream sends its role chunk once the
+request's first token is sampled (the first token may be a harmony header's, which carries no
+text), so there it is the time to the first token: what a grammar's compile would delay, apart from
+the header tokens a grammar makes a random-weight model write before its text.
 """
 
 from __future__ import annotations
@@ -127,6 +132,8 @@ async def one_request(client: httpx.AsyncClient, cfg: LoadConfig, prompt: str, t
                     rec.error = f"stream error: {event['error']}"
                     break
                 now = time.perf_counter()
+                if rec.first_event is None:
+                    rec.first_event = now - begin
                 if _has_text(cfg.endpoint, event):
                     if rec.ttft is None:
                         rec.ttft = now - begin

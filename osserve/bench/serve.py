@@ -5,7 +5,7 @@
         --output-json run.json --plot run.png [--sweep 1,8,32,128,256]
 
 JSON (--output-json): {"config": {...}, "runs": [{"concurrency": C, "summary": {...},
-"records": [{start, ttft, itl, latency, prompt_tokens, output_tokens, error, chunk_times}]}]}
+"records": [{start, ttft, first_event, itl, latency, prompt_tokens, output_tokens, error, chunk_times}]}]}
 with times in seconds in records and milliseconds in the summary's *_ms fields.
 """
 
@@ -68,7 +68,8 @@ def print_summary(console: Console, s: dict[str, Any], title: str) -> None:
     t.add_row("request throughput (req/s)", f"{s['request_throughput']:.2f}")
     t.add_row("output token throughput (tok/s)", f"{s['output_throughput']:.1f}")
     t.add_row("total token throughput (tok/s)", f"{s['total_token_throughput']:.1f}")
-    for key, name in (("ttft_ms", "TTFT"), ("tpot_ms", "TPOT"), ("itl_ms", "ITL"), ("e2el_ms", "E2E latency")):
+    for key, name in (("ttft_ms", "TTFT"), ("first_event_ms", "first event"), ("tpot_ms", "TPOT"), ("itl_ms", "ITL"),
+                      ("e2el_ms", "E2E latency")):
         v = s[key]
         t.add_row(f"{name} ms mean / p50 / p90 / p99",
                   f"{v['mean']:.1f} / {v['p50']:.1f} / {v['p90']:.1f} / {v['p99']:.1f}")

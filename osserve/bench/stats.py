@@ -1,7 +1,8 @@
 """Per-request records → the summary the peers print (vLLM's benchmark_serving layout).
 
 Percentiles use numpy's default 'linear' interpolation. TPOT of a request is
-(e2e − TTFT) / (output tokens − 1); ITL is every gap between content-bearing chunks.
+(e2e − TTFT) / (output tokens − 1); ITL is every gap between content-bearing chunks. The first
+event is the response's first SSE event of any kind (loadgen.py says what it marks).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import numpy as np
 class RequestRecord:
     start: float  # seconds since the run began
     ttft: float | None = None
+    first_event: float | None = None  # seconds to the response's first SSE event, text or not
     itl: list[float] = field(default_factory=list)
     latency: float | None = None
     prompt_tokens: int = 0
@@ -52,6 +54,7 @@ def summarize(records: list[RequestRecord], duration: float) -> dict[str, Any]:
         "total_input_tokens": in_tokens,
         "total_output_tokens": out_tokens,
         "ttft_ms": _pcts([r.ttft for r in ok if r.ttft is not None]),
+        "first_event_ms": _pcts([r.first_event for r in ok if r.first_event is not None]),
         "tpot_ms": _pcts(tpots),
         "itl_ms": _pcts([x for r in ok for x in r.itl]),
         "e2el_ms": _pcts([r.latency for r in ok if r.latency is not None]),

@@ -68,6 +68,17 @@ def test_counts_and_usage_on_every_endpoint(stub_url: str, endpoint: str) -> Non
     assert all(r.ttft is not None and r.itl for r in records)
 
 
+def test_first_event_is_the_first_token_not_the_first_text(stub_url: str) -> None:
+    """The chat stream's role chunk leaves once the first token is sampled; the script's first three
+    tokens are a harmony header (no text), so every request's first event comes before its TTFT."""
+    cfg = LoadConfig(base_url=stub_url, model="m", endpoint="chat", num_requests=6, concurrency=2,
+                     max_tokens=100, timeout=60)
+    records, duration = asyncio.run(run_load(cfg))
+    assert all(r.first_event is not None and r.ttft is not None and r.first_event < r.ttft for r in records)
+    s = summarize(records, duration)
+    assert 0 < s["first_event_ms"]["p50"] < s["ttft_ms"]["p50"]
+
+
 def test_shares_split_requests_concurrency_and_rate() -> None:
     cfg = LoadConfig(base_url="u", model="m", num_requests=10, concurrency=7, request_rate=6.0)
     parts = shares(cfg, 3)
@@ -101,7 +112,8 @@ def test_json_and_plot_and_sweep(stub_url: str, tmp_path: Path) -> None:
     assert rc == 0
     data = json.loads(out.read_text())
     assert set(data) == {"config", "runs"} and data["runs"][0]["summary"]["completed"] == 6
-    assert set(data["runs"][0]["records"][0]) >= {"start", "ttft", "itl", "latency", "output_tokens", "error"}
+    assert set(data["runs"][0]["records"][0]) >= {"start", "ttft", "first_event", "itl", "latency", "output_tokens",
+                                                       "error"}
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     sweep = tmp_path / "sweep.png"
     assert bench_main(["--base-url", stub_url, "--model", "m", "--num-requests", "4", "--sweep", "1,2",
