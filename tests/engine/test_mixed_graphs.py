@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from osserve.engine.worker.mixed_graphs import QUERY_BUCKETS, SHAPES, TOKEN_BUCKETS, MixedGraphs, sequence_layout
+from osserve.engine.worker.mixed_graphs import QUERY_BUCKETS, TOKEN_BUCKETS, MixedGraphs, sequence_layout
 
 
 def test_real_sequences_then_padding_of_at_most_q_tokens_then_empty() -> None:
@@ -30,22 +30,18 @@ def test_a_layout_that_does_not_fit_is_refused() -> None:
 
 
 def shapes(num_seqs: int) -> MixedGraphs:
-    graphs = MixedGraphs.__new__(MixedGraphs)  # shape_for reads only the shapes and num_seqs
-    graphs.keys, graphs.num_seqs = SHAPES, num_seqs
+    graphs = MixedGraphs.__new__(MixedGraphs)  # shape_for reads only num_seqs
+    graphs.num_seqs = num_seqs
     return graphs
 
 
 def test_shape_for_picks_the_smallest_bucket_that_holds_the_step() -> None:
-    g = shapes(512 + TOKEN_BUCKETS[-1] // QUERY_BUCKETS[0])  # 512 running requests
+    g = shapes(256 + TOKEN_BUCKETS[-1] // QUERY_BUCKETS[0])
     assert g.shape_for([1] * 229 + [15]) == (256, 16)
     assert g.shape_for([1] * 229 + [63, 15]) == (384, 64)
     assert g.shape_for([200]) == (256, 256)
-    assert g.shape_for([1] * 200 + [300]) == (512, 512)
-    assert g.shape_for([1] * 256 + [256] * 3) == (1024, 256)
-    assert g.shape_for([1] * 256 + [256] * 4) == (1280, 512)  # above 1,024 tokens, queries of 512 and more
-    assert g.shape_for([1] * 250 + [1000, 1000]) == (2304, 1024)  # decode-first's steady step
-    assert g.shape_for([1] * 512 + [2048]) == (2560, 2048)  # exactly the largest shape
-    assert g.shape_for([1] * 513 + [2048]) is None  # more tokens than the largest T: eager
-    assert g.shape_for([2049]) is None  # a query longer than the largest Q: eager
+    assert g.shape_for([1] * 200 + [300]) is None  # a prompt chunk longer than the largest Q: eager
+    assert g.shape_for([1] * 256 + [256] * 3) == (1024, 256)  # exactly the largest T
+    assert g.shape_for([1] * 256 + [256] * 4) is None  # more tokens than the largest T: eager
     assert shapes(18).shape_for([1] * 10 + [16]) == (128, 16)  # 11 sequences + 7 of padding
     assert shapes(17).shape_for([1] * 10 + [16]) is None  # the padding sequences would not fit

@@ -6,14 +6,10 @@ decode step of the same batch), and 15% of the 20b serving benchmark's steps wer
 replaying them cut the engine's build+launch time from 6.7 to 3.6 ms per step on average
 (BENCHMARKS.md). Here a step is padded to a captured shape and replayed:
 
-- shapes are keyed by (T, Q): T total tokens and Q the longest query (SHAPES). The attention
-  prefill kernel's grid is (sequences, ceil(Q / 16), kv heads), so the graph is captured with Q
-  as its bound; programs past a sequence's length exit at once. A step takes the smallest shape
-  that holds it; steps beyond the largest (prefill bursts of up to the step budget) run eagerly,
-  their kernels long enough to hide the launches.
-- decode-first's steady steps (a 2,048-token prompt chunk beside up to --max-num-seqs decodes)
-  have shapes of their own, up to 2,560 tokens. Launched eagerly, the 120b's took ~100 ms of host
-  time against ~60 ms of GPU work, and the GPU waited for its kernels.
+- shapes are keyed by (T, Q): T total tokens (TOKEN_BUCKETS) and Q the longest query (QUERY_
+  BUCKETS). The attention prefill kernel's grid is (sequences, ceil(Q / 16), kv heads), so the
+  graph is captured with Q as its bound; programs past a sequence's length exit at once. Longer
+  prompts (Q > the largest bucket) run eagerly: their step is GPU-bound anyway.
 - sequences: the step's own, then padding sequences that hold the padded tokens, at most Q each
   (so the grid covers every row), each of length 0 (they attend to nothing and, with slot -1,
   write no KV), then empty ones up to the captured count.
@@ -22,6 +18,7 @@ replaying them cut the engine's build+launch time from 6.7 to 3.6 ms per step on
 
 from __future__ import annotations
 
+import bisect
 import logging
 import math
 from collections.abc import Callable
@@ -45,11 +42,8 @@ from osserve.ops.attention.metadata import AttentionMetadata, BlockTables
 
 log = logging.getLogger("osserve")
 
-TOKEN_BUCKETS = (128, 256, 384, 512, 768, 1024, 1280, 1536, 1792, 2048, 2304, 2560)
-QUERY_BUCKETS = (16, 64, 256, 512, 1024, 2048)
-# Above 1,024 tokens only queries of 512 and more: such steps are prompt chunks beside decodes (a
-# step of short queries that large would need more than 512 running requests).
-SHAPES = [(t, q) for t in TOKEN_BUCKETS for q in QUERY_BUCKETS if q <= t and (t <= 1024 or q >= 512)]
+TOKEN_BUCKETS = (128, 256, 384, 512, 768, 1024)
+QUERY_BUCKETS = (16, 64, 256)
 
 
 def sequence_layout(query_lens: list[int], seq_lens: list[int], num_tokens: int, max_query: int,
@@ -75,10 +69,10 @@ class MixedGraphs:
                  block_size: int, max_model_len: int, max_seqs: int) -> None:
         self.model, self.kv_caches, self.groups = model, kv_caches, groups
         self.block_size, self.max_model_len = block_size, max_model_len
-        self.keys = SHAPES
-        n = max(t for t, _ in self.keys)
-        # Room for every running sequence plus the padding sequences of the shape that needs most.
-        self.num_seqs = max_seqs + max(math.ceil(t / q) for t, q in self.keys)
+        self.keys = [(t, q) for t in TOKEN_BUCKETS for q in QUERY_BUCKETS if q <= t]
+        n = TOKEN_BUCKETS[-1]
+        # Room for every running sequence plus the padding sequences of the finest query bucket.
+        self.num_seqs = max_seqs + math.ceil(n / QUERY_BUCKETS[0])
         dev = next(model.parameters()).device
         width = math.ceil(max_model_len / block_size)
         self.input_ids = torch.zeros(n, dtype=torch.int64, device=dev)
@@ -114,10 +108,12 @@ class MixedGraphs:
     def shape_for(self, query_lens: list[int]) -> tuple[int, int] | None:
         """The captured (T, Q) a step with these query lengths replays in, or None (run eagerly)."""
         total, longest = sum(query_lens), max(query_lens)
-        for t, q in self.keys:  # by tokens, then query: the first that holds the step pads it least
-            if t >= total and q >= longest:
-                return (t, q) if len(query_lens) + math.ceil((t - total) / q) <= self.num_seqs else None
-        return None
+        if total > TOKEN_BUCKETS[-1] or longest > QUERY_BUCKETS[-1]:
+            return None
+        q = QUERY_BUCKETS[bisect.bisect_left(QUERY_BUCKETS, longest)]
+        t = TOKEN_BUCKETS[bisect.bisect_left(TOKEN_BUCKETS, max(total, q))]
+        padding_seqs = math.ceil((t - total) / q)
+        return (t, q) if len(query_lens) + padding_seqs <= self.num_seqs else None
 
     def run(self, token_ids: list[list[int]], start_pos: list[int], tables: dict[str, list[list[int]]],
             shape: tuple[int, int], fill_pending: Callable[[torch.Tensor], None] | None = None) -> torch.Tensor:
