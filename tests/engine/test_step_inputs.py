@@ -157,3 +157,15 @@ def test_graph_reads_the_pending_tokens_where_its_head_left_them() -> None:
     assert first.greedy_host.data_ptr() == graphs.sampled_host[0].data_ptr() and len(first.greedy_host) == 2
     assert second.greedy_host.data_ptr() == graphs.sampled_host[1].data_ptr()
     assert graphs.staged.host_slot.tolist() == [1]
+
+
+def test_decode_graphs_cover_every_batch_up_to_max_num_seqs() -> None:
+    """A --max-num-seqs 512 server's decodes of 257-512 rows replay a graph too (they ran eagerly
+    when the sizes stopped at 256: the 120b's c=512 on an H200, BENCHMARKS.md); sizes stop at the
+    server's bound."""
+    big = DecodeGraphs(torch.nn.Linear(1, 1), [], ["full"], 16, 256, 512)  # type: ignore[arg-type]
+    assert big.sizes[-1] == 512 and all(big.sizes[i] < big.sizes[i + 1] for i in range(len(big.sizes) - 1))
+    assert max(b - a for a, b in zip(big.sizes, big.sizes[1:], strict=False)) <= 32  # padding at most 31 rows
+    assert big.staged.input_ids.shape[0] == 512
+    small = DecodeGraphs(torch.nn.Linear(1, 1), [], ["full"], 16, 256, 256)  # type: ignore[arg-type]
+    assert small.sizes[-1] == 256
