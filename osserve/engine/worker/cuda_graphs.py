@@ -40,7 +40,8 @@ log = logging.getLogger("osserve")
 T = TypeVar("T")
 
 # Up to the largest --max-num-seqs a server is run with (512: the 120b on an H200). A batch above the
-# largest captured size runs eagerly: at 480 rows the 120b's launches took ~32 ms a step of host time.
+# largest captured size runs eagerly, its kernels with gaps between their launches: the 120b's decodes
+# of ~480 rows (c=512 on an H200) made 6,304 out tok/s eagerly, 7,773 replayed (BENCHMARKS.md).
 DEFAULT_SIZES = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 224, 256, 288, 320, 352, 384, 416, 448, 480, 512)
 # Batch sizes whose graphs also take the logits projection and its greedy argmax (ops/linear/head_triton.py):
 # the projection then launches with PDL behind the final norm instead of after the graph, and the
