@@ -52,6 +52,8 @@ def main() -> None:
                 times[f"bt{bt} x{tiles} st{stages}"] = graph_time_us(
                     [partial(fused_moe_gluon, x, w, ids, p, LIMIT, bt, stages=stages, gate_up_tiles=tiles)
                      for p in gluon])
+            # Timed again last: the first timing of a row ran 2-4% under its explicit twin (2026-11-26).
+            times["default again"] = graph_time_us([partial(fused_moe_gluon, x, w, ids, p, LIMIT) for p in gluon])
             counts = {bt: token_tiles(ids, num_experts, bt) for bt in (16, 32, 64)}
             print(f"time {model} T={t}: tiles {counts}; " + ", ".join(f"{k} {v:.1f}" for k, v in times.items()),
                   flush=True)
