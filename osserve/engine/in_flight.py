@@ -52,8 +52,7 @@ def start_host_copy(out: SchedulerOutput, rows: list[Request], result: SamplerOu
 
 def can_run_ahead(params: SamplingParams, num_output_tokens: int) -> bool:
     """The request's next token can be sampled before its last one reaches the host."""
-    return (params.repetition_penalty == 1.0 and params.frequency_penalty == 0.0
-            and params.presence_penalty == 0.0 and params.logprobs is None
+    return (not params.penalized and params.logprobs is None
             and params.forced_token_ids is None and num_output_tokens >= params.min_tokens)
 
 

@@ -91,8 +91,7 @@ class SpeculativeDecoder:
     def allowed(params: SamplingParams) -> bool:
         """Whether the request's sampling lets it draft at all."""
         return (params.logprobs is None and params.forced_token_ids is None and params.structured is None
-                and params.repetition_penalty == 1.0 and params.frequency_penalty == 0.0
-                and params.presence_penalty == 0.0)
+                and not params.penalized)
 
     def depth_for(self, req: Request) -> int:
         """Draft tokens the request may verify next step: 0 where it does not speculate."""

@@ -45,6 +45,11 @@ class SamplingParams:
     def greedy(self) -> bool:
         return self.temperature == 0.0
 
+    @property
+    def penalized(self) -> bool:
+        """Some penalty reads the tokens so far (repetition, frequency or presence)."""
+        return self.repetition_penalty != 1.0 or self.frequency_penalty != 0.0 or self.presence_penalty != 0.0
+
     def validate(self, vocab_size: int | None = None) -> None:
         """Raise InvalidRequestError naming the field for any nonsense value."""
 

@@ -66,8 +66,7 @@ class RowSettings:
             top_p=_to_device([p.top_p for p in params], torch.float32, device) if any_top_p else None,
             min_p=_to_device([p.min_p for p in params], torch.float32, device) if any_min_p else None,
             num_logprobs=max(wanted) if wanted else None,
-            penalized=any(p.repetition_penalty != 1.0 or p.frequency_penalty != 0.0 or p.presence_penalty != 0.0
-                          for p in params),
+            penalized=any(p.penalized for p in params),
             scripted=[i for i, p in enumerate(params)
                       if p.min_tokens > 0 and p.stop_token_ids or p.forced_token_ids is not None],
         )
