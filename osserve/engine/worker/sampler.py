@@ -89,10 +89,6 @@ class SamplingBatch:
     mask_rows: torch.Tensor | None = None  # [R] int64: rows whose grammar constrains them (structured/)
     mask_bits: torch.Tensor | None = None  # [R, V/32] int32: their allowed tokens, a bit each
 
-    @property
-    def all_greedy(self) -> bool:
-        return self.settings.temperature is None
-
     @classmethod
     def build(
         cls,
