@@ -13,6 +13,8 @@
 # do not hold it; the rows of one table compare only within one call (one machine). (INPUT_LEN,
 # MAX_TOKENS, CONCURRENCY: for a dry run on a small preset only; the figures use the defaults.)
 # The server's flags are serve_ab.sh's, less --max-num-batched-tokens (a setting under test here).
+# Settings that start with @DIR serve that directory's code (`git archive OLD | tar -x -C DIR`, carried),
+# as serve_ab.sh's do: a same-machine comparison across commits.
 set -u
 PRESET=${PRESET:-20b}; N=${N:-768}
 INPUT_LEN=${INPUT_LEN:-1000}; MAX_TOKENS=${MAX_TOKENS:-1024}; CONCURRENCY=${CONCURRENCY:-256}
@@ -26,9 +28,12 @@ run=0
 for server_args in "$@"; do
     run=$((run + 1))
     log="$OUT/server-df-$PRESET-$run.log"
+    tree=.; settings=$server_args
+    if [[ $server_args == @* ]]; then tree=${server_args%% *}; tree=${tree#@}; settings=${server_args#"@$tree"}; fi
     # shellcheck disable=SC2086  # the settings are words
-    python3 -m osserve.cli serve --load-format dummy --preset "$PRESET" --port 8000 --max-num-seqs 256 \
-        --max-model-len 4096 --gpu-memory-utilization "${GPU_UTIL:-0.90}" $server_args > "$log" 2>&1 &
+    (cd "$tree" && PYTHONPATH="$PWD:/tmp/site" exec python3 -m osserve.cli serve --load-format dummy \
+        --preset "$PRESET" --port 8000 --max-num-seqs 256 --max-model-len 4096 \
+        --gpu-memory-utilization "${GPU_UTIL:-0.90}" $settings) > "$log" 2>&1 &
     server=$!
     wait_for_server $server "$log"
     echo "== run $run: ${server_args:-(defaults)}"
