@@ -251,7 +251,7 @@ class LLMEngine:
             fill = self.grammars.begin_masks([r.request_id for r in rows])
             self.profile.grammar += time.perf_counter() - start
             if fill is not None:
-                if prev is not None and fill.future is not None:
+                if prev is not None and fill.futures:
                     # The step before's outputs while llguidance fills the masks in its own threads.
                     start, before = time.perf_counter(), self._inside_totals()
                     deltas = self._finish(prev)
@@ -259,6 +259,7 @@ class LLMEngine:
                 start = time.perf_counter()
                 masks = self.grammars.end_masks(fill)
                 self.profile.grammar += time.perf_counter() - start
+                self.profile.mask_wait += masks.waited
         result = self._launch_sample(rows, step_logits.logits, step_logits.greedy,
                                      (masks.rows, masks.bits) if masks is not None else None)
         # The ids are on the host already where the sampler took the head's greedy ids as they are.
@@ -381,7 +382,9 @@ class LLMEngine:
                 live = {r.request_id: sampled[r.request_id] for r in step.requests
                         if self.requests.get(r.request_id) is r}
                 step.grammar_dead |= self.grammars.accept(live)
-                self.profile.grammar += time.perf_counter() - start
+                spent = time.perf_counter() - start
+                self.profile.grammar += spent
+                self.profile.grammar_accept += spent
         return step.sampled
 
     def _end_by_grammar(self, request_id: str) -> CompletionDelta:

@@ -11,7 +11,9 @@ class StepProfile:
     """Where the step loop's wall time goes (host clock). `launch` is building the batch and
     queueing the forward and the sampler; `gpu_wait` is waiting for a step's sampled ids, wherever
     the loop waits for them; `grammar` is feeding the structured-output matchers and filling their
-    masks; `post` is stop checks, detokenisation and deltas. Logged by the server every `every` steps."""
+    masks (of it, `grammar_accept` feeding them and `mask_wait` waiting for llguidance's mask
+    threads after the step before's outputs); `post` is stop checks, detokenisation and deltas.
+    Logged by the server every `every` steps."""
 
     steps: int = 0
     requests: int = 0
@@ -20,6 +22,8 @@ class StepProfile:
     gpu_wait: float = 0.0
     post: float = 0.0
     grammar: float = 0.0
+    grammar_accept: float = 0.0
+    mask_wait: float = 0.0
     steps_with_prefill: int = 0  # these run eagerly; decode-only steps replay a CUDA graph (GPU)
     steps_in_flight: int = 0  # left running while the next one was scheduled (async scheduling)
     prefills_beside: int = 0  # steps with prompt tokens launched while another was in flight (async prefill)
@@ -44,5 +48,11 @@ class StepProfile:
                 f"beside a step in flight, {self.steps_in_flight} left in flight), mean batch {self.requests / n:.1f}; "
                 f"ms per step: schedule "
                 f"{1000 * self.schedule / n:.2f}, build+launch {1000 * self.launch / n:.2f}, wait for GPU "
-                f"{1000 * self.gpu_wait / n:.2f}, grammar {1000 * self.grammar / n:.2f}, "
+                f"{1000 * self.gpu_wait / n:.2f}, grammar {1000 * self.grammar / n:.2f}{self._grammar_parts(n)}, "
                 f"outputs {1000 * self.post / n:.2f}")
+
+    def _grammar_parts(self, n: int) -> str:
+        if not self.grammar:
+            return ""
+        return (f" (accept {1000 * self.grammar_accept / n:.2f}, "
+                f"waiting for mask threads {1000 * self.mask_wait / n:.2f})")

@@ -8,9 +8,14 @@ running. Compiled grammars are cached by their text (a server sees the same few 
 over); each request gets a copy. (Copying a cached grammar on the step loop instead of in the
 worker made serving slower: BENCHMARKS.md, experiments not kept.)
 
-Masks of a step's rows are filled in parallel by llguidance's own threads into one host buffer (a
-32-bit word per 32 tokens, bit set = allowed), started from a worker thread so that the engine can
-turn the step before's tokens into deltas meanwhile (begin_masks / end_masks).
+Masks of a step's rows are filled in parallel by llguidance (it drops the GIL) into one host buffer
+(a 32-bit word per 32 tokens, bit set = allowed), while the engine turns the step before's tokens
+into deltas (begin_masks / end_masks). Copies of one compiled grammar share its lexer, behind a
+lock that a mask's computation holds: filled from many threads, they took turns (CPU, 128 JSON
+rows: 2 threads slower than 1; the serving host waited ~1.5 ms a step for 8 threads). So a grammar
+is compiled once per mask lane (MASK_THREADS of them, each compiled when a request first needs
+it), request n of a grammar copies lane n mod MASK_THREADS, and each lane's rows are filled by a
+thread of their own: no two threads share a lexer.
 
 Most rows of a reasoning model's batch are in free text (the analysis channel), whose mask is the
 same at almost every step (free_text.py says where), and many more have finished their grammar and
@@ -33,6 +38,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -51,9 +57,10 @@ if TYPE_CHECKING:
     from llguidance import LLExecutor, LLMatcher
 
 CACHE_SIZE = 256  # compiled grammars kept (a few hundred KB each at most, their shared masks 25 KB each)
-# llguidance's mask threads: half the cores, at most 8. Its default (80% of the cores) contends with
-# the HTTP processes and the engine's own thread on a serving host. OSSERVE_MASK_THREADS overrides it
-# (read once at import; benchmarks/structured_ab.sh compares settings).
+# Mask lanes (a thread and a compiled copy of each grammar each): half the cores, at most 8. More
+# (llguidance's default is 80% of the cores) would contend with the HTTP processes and the engine's
+# own thread on a serving host. OSSERVE_MASK_THREADS overrides it (read once at import;
+# benchmarks/structured_ab.sh compares settings).
 MASK_THREADS = int(os.environ.get("OSSERVE_MASK_THREADS", 0)) or max(1, min(8, (os.cpu_count() or 2) // 2))
 
 
@@ -62,16 +69,19 @@ STOPPED = b""  # the key of a finished grammar's mask (a free channel's key is i
 
 @dataclass
 class Compiled:
-    """A grammar compiled once: the matcher each request copies, and the masks its requests share
-    (free channels' and the finished grammar's), learnt as the requests reach those states."""
+    """A grammar compiled once per mask lane: the matchers its requests copy (lane n mod
+    len(lanes) for its n-th request; None: that lane not compiled yet), and the masks its requests
+    share (free channels' and the finished grammar's), learnt as the requests reach those states."""
 
-    template: LLMatcher
+    lanes: list[LLMatcher | None]
     masks: dict[bytes, torch.Tensor] = field(default_factory=dict)
+    copies: int = 0  # requests that copied it so far
 
 
 @dataclass
 class GrammarState:
     matcher: LLMatcher
+    lane: int  # the mask lane its matchers were copied from (Compiled.lanes)
     masks: dict[bytes, torch.Tensor]  # its Compiled's
     free: FreeText | None = None  # where it stands in its free channels (None: the grammar has none)
     failed: str | None = None  # why the grammar cannot go on: the request ends with finish reason "grammar"
@@ -84,13 +94,13 @@ class GrammarState:
 class MaskFill:
     """A step's masks under way (Grammars.begin_masks): the rows in buffer order (llguidance's
     first), the buffer, llguidance's rows with their states, the bounded ones among them by slot,
-    and the worker's fill (None: every row took a shared mask)."""
+    and the lanes' fills (none: every row took a shared mask)."""
 
     rows: list[int]
     bits: torch.Tensor
     filled: list[tuple[int, GrammarState]]
     fast: dict[int, Bounded]
-    future: Future[None] | None
+    futures: list[Future[None]]
 
 
 @dataclass
@@ -102,23 +112,26 @@ class StepMasks:
     rows: list[int]
     bits: torch.Tensor
     dead: list[int]
+    waited: float = 0.0  # seconds end_masks waited for llguidance's threads
 
 
 class Grammars:
-    def __init__(self, vocab_size: int, pin_memory: bool = False, shared_masks: bool = True) -> None:
+    def __init__(self, vocab_size: int, pin_memory: bool = False, shared_masks: bool = True,
+                 lanes: int = MASK_THREADS) -> None:
         """shared_masks: give free-text and finished rows their grammar's shared mask (False: every
-        row from llguidance, as a reference)."""
+        row from llguidance, as a reference). lanes: the mask lanes (the module's docstring)."""
         self.words = (vocab_size + 31) // 32
         self.pin_memory = pin_memory
         self.shared_masks = shared_masks
         self._compiler = ThreadPoolExecutor(1, thread_name_prefix="osserve-grammar")
         self._cache: OrderedDict[str, Compiled] = OrderedDict()
         self._cache_lock = threading.Lock()
-        self._pending: dict[str, tuple[Future[tuple[LLMatcher, Compiled, LLMatcher | None]], dict[str, int | None],
-                                       BoundedAnswer | None]] = {}
+        self._pending: dict[str, tuple[Future[tuple[LLMatcher, Compiled, LLMatcher | None, int]],
+                                       dict[str, int | None], BoundedAnswer | None]] = {}
         self.states: dict[str, GrammarState] = {}
-        self._executor: LLExecutor | None = None  # llguidance's mask threads, made by the filler on first use
-        self._filler = ThreadPoolExecutor(1, thread_name_prefix="osserve-masks")
+        self.num_lanes = lanes
+        self._executors: list[LLExecutor] = []  # one single-threaded llguidance pool a lane, made on first use
+        self._fillers = ThreadPoolExecutor(self.num_lanes, thread_name_prefix="osserve-masks")
         self._buffer = torch.empty(0, self.words, dtype=torch.int32)
         self._holds: list[torch.Tensor | None] = []  # the shared mask each buffer row holds, if any
 
@@ -132,30 +145,42 @@ class Grammars:
                                      bounded)
 
     def _compile_request(self, grammar: str, bounded: BoundedAnswer | None
-                         ) -> tuple[LLMatcher, Compiled, LLMatcher | None]:
-        matcher, compiled = self._compile(grammar)
+                         ) -> tuple[LLMatcher, Compiled, LLMatcher | None, int]:
+        """The request's matcher (and its bounded answer's fast one, from the same lane), the
+        compiled grammar and the lane."""
+        compiled = self._compiled(grammar)
+        lane = compiled.copies % len(compiled.lanes)
+        compiled.copies += 1
+        matcher = self._copy(compiled, grammar, lane)
         if bounded is None:
-            return matcher, compiled, None
+            return matcher, compiled, None, lane
         vocabulary_runs()  # built once, here rather than on the step loop
-        fast, _ = self._compile(bounded.grammar)
-        return matcher, compiled, fast
+        fast = self._copy(self._compiled(bounded.grammar), bounded.grammar, lane)
+        return matcher, compiled, fast, lane
 
-    def _compile(self, grammar: str) -> tuple[LLMatcher, Compiled]:
-        from llguidance import LLMatcher
-
-        utf8_shapes(), token_bytes()  # built once, here rather than on the step loop
+    def _compiled(self, grammar: str) -> Compiled:
         with self._cache_lock:
             compiled = self._cache.get(grammar)
             if compiled is not None:
                 self._cache.move_to_end(grammar)
-        if compiled is None:
+                return compiled
+            compiled = self._cache[grammar] = Compiled([None] * self.num_lanes)
+            while len(self._cache) > CACHE_SIZE:
+                self._cache.popitem(last=False)
+        return compiled
+
+    @staticmethod
+    def _copy(compiled: Compiled, grammar: str, lane: int) -> LLMatcher:
+        """A copy of the grammar's matcher of that lane, compiling the lane first where it is new.
+        (Only the compile worker calls this: a lane is compiled once.)"""
+        from llguidance import LLMatcher
+
+        template = compiled.lanes[lane]
+        if template is None:
+            utf8_shapes(), token_bytes()  # built once, here rather than on the step loop
             text = grammar if grammar.startswith("{") else LLMatcher.grammar_from_lark(grammar)
-            compiled = Compiled(LLMatcher(harmony_lltokenizer(), text, log_level=0))
-            with self._cache_lock:
-                self._cache[grammar] = compiled
-                while len(self._cache) > CACHE_SIZE:
-                    self._cache.popitem(last=False)
-        return compiled.template.deep_copy(), compiled
+            template = compiled.lanes[lane] = LLMatcher(harmony_lltokenizer(), text, log_level=0)
+        return template.deep_copy()
 
     def ready(self, wait: bool = False) -> list[tuple[str, str | None]]:
         """The requests whose grammar finished compiling, each with None or the error that stops it
@@ -166,7 +191,7 @@ class Grammars:
                 continue
             del self._pending[rid]
             try:
-                matcher, compiled, fast = future.result()
+                matcher, compiled, fast, lane = future.result()
             except Exception as e:  # noqa: BLE001 - the library's errors are not typed
                 done.append((rid, f"the output grammar could not be built: {e}"))
                 continue
@@ -178,8 +203,8 @@ class Grammars:
             if fast is not None and answer is not None and not fast.is_error():
                 # A raw completion's answer is its whole output: the cursor reads from the start.
                 bounded = Bounded(fast, answer, None if answer.harmony else JsonCursor(answer.bounds))
-            state = GrammarState(matcher, compiled.masks, FreeText(budgets, utf8_shapes()) if budgets else None,
-                                 bounded=bounded)
+            state = GrammarState(matcher, lane, compiled.masks,
+                                 FreeText(budgets, utf8_shapes()) if budgets else None, bounded=bounded)
             state.key = self.next_key(state, None)
             self.states[rid] = state
             done.append((rid, None))
@@ -280,11 +305,10 @@ class Grammars:
         bits = self._buffer[:n]
         # A bounded answer's row is filled by its fast matcher, then its cursor clears what overflows.
         fast = {slot: b for slot, (_, state) in enumerate(filled) if (b := state.bounded) is not None and b.fills}
-        future = None
-        if filled:
-            matchers = [(fast[slot].fast if slot in fast else state.matcher, slot)
-                        for slot, (_, state) in enumerate(filled)]
-            future = self._filler.submit(self._fill, matchers, bits)
+        lanes: dict[int, list[tuple[LLMatcher, int]]] = {}
+        for slot, (_, state) in enumerate(filled):
+            lanes.setdefault(state.lane, []).append((fast[slot].fast if slot in fast else state.matcher, slot))
+        futures = [self._fillers.submit(self._fill, lane, matchers, bits) for lane, matchers in lanes.items()]
         # llguidance's rows first; then the shared ones, those of one mask together, so that a buffer
         # row mostly holds the same mask as the step before (and is not copied again).
         shared.sort(key=lambda row_mask: id(row_mask[1]))
@@ -293,22 +317,27 @@ class Grammars:
             if holds[slot] is not mask:
                 bits[slot].copy_(mask)
                 holds[slot] = mask
-        return MaskFill([row for row, _ in filled] + [row for row, _ in shared], bits, filled, fast, future)
+        return MaskFill([row for row, _ in filled] + [row for row, _ in shared], bits, filled, fast, futures)
 
-    def _fill(self, matchers: list[tuple[LLMatcher, int]], bits: torch.Tensor) -> None:
+    def _fill(self, lane: int, matchers: list[tuple[LLMatcher, int]], bits: torch.Tensor) -> None:
+        """One lane's rows, in a thread of the fillers' pool (llguidance drops the GIL)."""
         from llguidance.torch import fill_next_token_bitmask_par
 
-        if self._executor is None:
+        if not self._executors:
             from llguidance import LLExecutor
 
-            self._executor = LLExecutor(MASK_THREADS)
-        fill_next_token_bitmask_par(self._executor, matchers, bits)
+            self._executors = [LLExecutor(1) for _ in range(self.num_lanes)]
+        fill_next_token_bitmask_par(self._executors[lane], matchers, bits)
 
     def end_masks(self, fill: MaskFill) -> StepMasks:
         """Wait for llguidance's rows; clear what overflows a string bound; note the rows whose
         grammar allows nothing, and learn the shared masks met for the first time."""
-        if fill.future is not None:
-            fill.future.result()
+        waited = 0.0
+        if fill.futures:
+            start = time.perf_counter()
+            for future in fill.futures:
+                future.result()
+            waited = time.perf_counter() - start
         bits, filled = fill.bits, fill.filled
         rows = bits.numpy()  # numpy rows: torch's indexing costs microseconds a row
         runs = vocabulary_runs() if fill.fast else None
@@ -326,7 +355,7 @@ class Grammars:
                     dead.append(row)
                 elif state.key is not None and state.key not in state.masks:  # learnt: the grammar's mask there
                     state.masks[state.key] = bits[slot].clone()
-        return StepMasks(fill.rows, bits, dead)
+        return StepMasks(fill.rows, bits, dead, waited)
 
     def failure(self, request_id: str) -> str | None:
         state = self.states.get(request_id)

@@ -95,8 +95,10 @@ class Draw:
         return int(allowed[self.rng.randrange(len(allowed))])
 
 
-@pytest.mark.parametrize("seed", [0, 1])
-def test_shared_masks_equal_llguidance_masks_on_random_walks(seed: int) -> None:
+@pytest.mark.parametrize(("seed", "lanes"), [(0, 1), (1, 3)])
+def test_shared_masks_equal_llguidance_masks_on_random_walks(seed: int, lanes: int) -> None:
+    """lanes: the grammars' mask lanes (3: each grammar compiled three times, its requests' rows
+    filled from three threads, each lane's by its own)."""
     from llguidance import LLMatcher
     from llguidance.torch import fill_next_token_bitmask
 
@@ -107,7 +109,7 @@ def test_shared_masks_equal_llguidance_masks_on_random_walks(seed: int) -> None:
     special = np.nonzero(lead == SPECIAL)[0].astype(np.int64)
     split = np.nonzero((tail > 0) & (lead != SPECIAL))[0].astype(np.int64)  # leave a character open
     draw = Draw(rng, vocab, [(P_SPECIAL, special), (P_SPLIT, split)])
-    grammars = Grammars(vocab)
+    grammars = Grammars(vocab, lanes=lanes)
     texts = [grammar_text(spec, max_tokens) for spec, max_tokens in CASES]
     templates = [LLMatcher(harmony_lltokenizer(), text, log_level=0) for text in texts]
     enc = load_tokenizer().encoding
@@ -115,6 +117,7 @@ def test_shared_masks_equal_llguidance_masks_on_random_walks(seed: int) -> None:
                       for c in ("analysis", "commentary", "commentary", "final", "analysis to=python code")]
     walks: dict[str, Walk] = {}
     served: Counter[str] = Counter()  # rows by how their mask came, for the coverage asserts
+    lanes_seen: set[int] = set()
     serial = 0
 
     def begin(case: int) -> None:
@@ -126,6 +129,7 @@ def test_shared_masks_equal_llguidance_masks_on_random_walks(seed: int) -> None:
         assert text is not None
         grammars.start(rid, text, free_channels(spec, max_tokens))
         assert grammars.ready(wait=True) == [(rid, None)]
+        lanes_seen.add(grammars.states[rid].lane)
         walks[rid] = Walk(case, templates[case].deep_copy(), list(rng.choice(scripts)))
 
     for i in range(BATCH):
@@ -180,6 +184,7 @@ def test_shared_masks_equal_llguidance_masks_on_random_walks(seed: int) -> None:
                  "free text, mid-character", "free text, budget's end"):
         assert served[kind] >= 5, (kind, served)
     assert served["free analysis"] > served["learnt"]
+    assert lanes_seen == set(range(lanes))
 
 
 def test_free_channels_are_the_grammars_free_rules_with_their_budgets() -> None:

@@ -148,8 +148,9 @@ STEPS = 260
 CONSTRAINED = 60  # tokens into an answer, at most, before a walk is replaced by a new request
 
 
-@pytest.mark.parametrize("seed", [0, 1])
-def test_bounded_masks_equal_llguidance_masks_with_the_bounds(seed: int) -> None:
+@pytest.mark.parametrize(("seed", "lanes"), [(0, 1), (1, 2)])
+def test_bounded_masks_equal_llguidance_masks_with_the_bounds(seed: int, lanes: int) -> None:
+    """lanes 2: each request's fast matcher comes from its own lane, as its main matcher does."""
     from llguidance import LLMatcher
     from llguidance.torch import fill_next_token_bitmask
 
@@ -163,7 +164,7 @@ def test_bounded_masks_equal_llguidance_masks_with_the_bounds(seed: int) -> None
     escapes = np.array([t for t, b in enumerate(data) if b"\\" in b], dtype=np.int64)
     split_chars = np.nonzero((tail > 0) & (lead != SPECIAL))[0].astype(np.int64)
     draw = Draw(rng, vocab, [(0.04, special), (0.12, quotes), (0.08, escapes), (0.06, split_chars)])
-    grammars = Grammars(vocab)
+    grammars = Grammars(vocab, lanes=lanes)
     texts = [grammar_text(spec, max_tokens) for spec, max_tokens in CASES]
     templates = [LLMatcher(harmony_lltokenizer(), text, log_level=0) for text in texts]
     final = load_tokenizer().encoding.encode("<|channel|>final<|message|>", allowed_special="all")  # type: ignore[attr-defined]
@@ -255,3 +256,33 @@ def test_the_engine_passes_the_bounds_and_answers_stay_valid() -> None:
             assert not grammars.accept({f"r{n}": t})
         answer = json.loads(b"".join(token_bytes()[t] for t in out).decode())
         jsonschema.validate(answer, TIGHT)
+
+
+def test_a_grammars_lanes_are_compiled_as_its_requests_first_need_them() -> None:
+    """Request n of a grammar copies lane n mod lanes, its fast matcher too; a lane is compiled
+    once, when its first request comes (the first request of a schema waits for one compile)."""
+    from osserve.structured.grammar import check
+
+    grammars = Grammars(load_tokenizer().vocab_size, lanes=3)
+    spec = StructuredOutputs(json_schema=TIGHT)
+    text = check(spec)
+    assert text is not None
+    answer = bounded_answer(spec, None)
+    assert answer is not None
+
+    def compiled_lanes() -> list[int]:
+        return [sum(m is not None for m in grammars._cache[g].lanes) for g in (text, answer.grammar)]
+
+    lanes, fast_templates = [], set()
+    for n in range(5):
+        grammars.start(f"r{n}", text, {}, answer)
+        assert grammars.ready(wait=True) == [(f"r{n}", None)]
+        state = grammars.states[f"r{n}"]
+        lanes.append(state.lane)
+        assert state.bounded is not None
+        if n == 0:
+            assert compiled_lanes() == [1, 1]
+        fast_templates.add(id(grammars._cache[answer.grammar].lanes[state.lane]))
+    assert lanes == [0, 1, 2, 0, 1]
+    assert compiled_lanes() == [3, 3]
+    assert len(fast_templates) == 3
