@@ -64,6 +64,7 @@ CACHE_SIZE = 256  # compiled grammars kept (a few hundred KB each at most, their
 MASK_THREADS = int(os.environ.get("OSSERVE_MASK_THREADS", 0)) or max(1, min(8, (os.cpu_count() or 2) // 2))
 
 
+SLOW_COMPILE_S = 0.05  # a grammar that took longer to compile keeps one mask lane (Grammars._copy)
 STOPPED = b""  # the key of a finished grammar's mask (a free channel's key is its name, never empty)
 
 
@@ -155,7 +156,8 @@ class Grammars:
         if bounded is None:
             return matcher, compiled, None, lane
         vocabulary_runs()  # built once, here rather than on the step loop
-        fast = self._copy(self._compiled(bounded.grammar), bounded.grammar, lane)
+        answer = self._compiled(bounded.grammar)
+        fast = self._copy(answer, bounded.grammar, lane % len(answer.lanes))
         return matcher, compiled, fast, lane
 
     def _compiled(self, grammar: str) -> Compiled:
@@ -172,14 +174,19 @@ class Grammars:
     @staticmethod
     def _copy(compiled: Compiled, grammar: str, lane: int) -> LLMatcher:
         """A copy of the grammar's matcher of that lane, compiling the lane first where it is new.
-        (Only the compile worker calls this: a lane is compiled once.)"""
+        A grammar whose first compile took over SLOW_COMPILE_S keeps that one lane: its next
+        requests would each wait as long for theirs. (Only the compile worker calls this: a lane is
+        compiled once.)"""
         from llguidance import LLMatcher
 
         template = compiled.lanes[lane]
         if template is None:
-            utf8_shapes(), token_bytes()  # built once, here rather than on the step loop
+            tokenizer, _, _ = harmony_lltokenizer(), utf8_shapes(), token_bytes()  # built once, off the step loop
+            first, start = all(t is None for t in compiled.lanes), time.perf_counter()
             text = grammar if grammar.startswith("{") else LLMatcher.grammar_from_lark(grammar)
-            template = compiled.lanes[lane] = LLMatcher(harmony_lltokenizer(), text, log_level=0)
+            template = compiled.lanes[lane] = LLMatcher(tokenizer, text, log_level=0)
+            if first and time.perf_counter() - start > SLOW_COMPILE_S:
+                compiled.lanes[:] = [template]
         return template.deep_copy()
 
     def ready(self, wait: bool = False) -> list[tuple[str, str | None]]:

@@ -286,3 +286,23 @@ def test_a_grammars_lanes_are_compiled_as_its_requests_first_need_them() -> None
     assert lanes == [0, 1, 2, 0, 1]
     assert compiled_lanes() == [3, 3]
     assert len(fast_templates) == 3
+
+
+def test_a_grammar_slow_to_compile_keeps_one_lane(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where the first compile took longer than SLOW_COMPILE_S, the next requests copy it instead of
+    each waiting for a lane of their own."""
+    from osserve.structured import matchers
+    from osserve.structured.grammar import check
+
+    monkeypatch.setattr(matchers, "SLOW_COMPILE_S", 0.0)
+    grammars = Grammars(load_tokenizer().vocab_size, lanes=3)
+    spec = StructuredOutputs(json_schema=TIGHT)
+    text = check(spec)
+    assert text is not None
+    answer = bounded_answer(spec, None)
+    for n in range(4):
+        grammars.start(f"r{n}", text, {}, answer)
+        assert grammars.ready(wait=True) == [(f"r{n}", None)]
+        assert grammars.states[f"r{n}"].lane == 0
+    assert answer is not None
+    assert [len(grammars._cache[g].lanes) for g in (text, answer.grammar)] == [1, 1]
