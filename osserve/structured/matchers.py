@@ -131,7 +131,7 @@ class Grammars:
                                        dict[str, int | None], BoundedAnswer | None]] = {}
         self.states: dict[str, GrammarState] = {}
         self.num_lanes = lanes
-        self._executors: list[LLExecutor] = []  # one single-threaded llguidance pool a lane, made on first use
+        self._executors: list[LLExecutor] = []  # a single-threaded llguidance pool a lane (begin_masks makes them)
         self._fillers = ThreadPoolExecutor(self.num_lanes, thread_name_prefix="osserve-masks")
         self._buffer = torch.empty(0, self.words, dtype=torch.int32)
         self._holds: list[torch.Tensor | None] = []  # the shared mask each buffer row holds, if any
@@ -312,6 +312,10 @@ class Grammars:
         bits = self._buffer[:n]
         # A bounded answer's row is filled by its fast matcher, then its cursor clears what overflows.
         fast = {slot: b for slot, (_, state) in enumerate(filled) if (b := state.bounded) is not None and b.fills}
+        if filled and not self._executors:  # here, not in the fillers' threads: made once
+            from llguidance import LLExecutor
+
+            self._executors = [LLExecutor(1) for _ in range(self.num_lanes)]
         lanes: dict[int, list[tuple[LLMatcher, int]]] = {}
         for slot, (_, state) in enumerate(filled):
             lanes.setdefault(state.lane, []).append((fast[slot].fast if slot in fast else state.matcher, slot))
@@ -330,10 +334,6 @@ class Grammars:
         """One lane's rows, in a thread of the fillers' pool (llguidance drops the GIL)."""
         from llguidance.torch import fill_next_token_bitmask_par
 
-        if not self._executors:
-            from llguidance import LLExecutor
-
-            self._executors = [LLExecutor(1) for _ in range(self.num_lanes)]
         fill_next_token_bitmask_par(self._executors[lane], matchers, bits)
 
     def end_masks(self, fill: MaskFill) -> StepMasks:
