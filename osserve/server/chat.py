@@ -76,7 +76,7 @@ def tool_specs(tools: list[ChatTool] | None) -> list[ToolSpec]:
 def render_request(req: ChatCompletionRequest) -> tuple[RenderedPrompt, StructuredOutputs | None]:
     """The prompt and the output's constraint (the answer format, forced or forbidden tool calls)."""
     fmt = req.response_format.model_dump(exclude_none=True) if req.response_format is not None else None
-    spec = chat_structured(fmt, "response_format", True, tool_specs(req.tools), req.tool_choice)
+    spec = chat_structured(fmt, "response_format", True, tool_specs(req.tools), req.tool_choice, req.vllm_format())
     tools = [FunctionTool(t.function.name, t.function.description, t.function.parameters)
              for t in req.tools or []]
     told = format_instructions(fmt, nested=True)

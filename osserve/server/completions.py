@@ -1,4 +1,5 @@
-"""POST /v1/completions: a raw prompt (text or token ids), no template; `echo`, `logprobs`."""
+"""POST /v1/completions: a raw prompt (text or token ids), no template; `echo`, `logprobs`; the
+whole output may follow `response_format` or vLLM's `structured_outputs` / `guided_*`."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from osserve.server.errors import error_body
 from osserve.server.generation import (
     ServerState,
     choice_params,
+    constrain,
     generate_n,
     new_id,
     sampling_params,
@@ -23,6 +25,7 @@ from osserve.server.generation import (
 )
 from osserve.server.logprobs import completion_logprobs
 from osserve.server.protocol import CompletionRequest
+from osserve.structured.requests import completion_structured
 
 router = APIRouter()
 
@@ -47,6 +50,8 @@ async def completions(body: CompletionRequest, request: Request) -> Any:
     # The harmony stop tokens stay the defaults: a raw prompt may still end inside a harmony turn.
     base = sampling_params(temperature=body.temperature, top_p=body.top_p, max_tokens=body.max_tokens,
                            seed=body.seed, stop=body.stop_list(), extra=extra, logprobs=body.logprobs)
+    fmt = body.response_format.model_dump(exclude_none=True) if body.response_format is not None else None
+    base = constrain(base, completion_structured(fmt, body.vllm_format()))
     rid = new_id("cmpl")
     stream = generate_n(state, ids, choice_params(base, body.n), rid)
     first = await anext(stream)

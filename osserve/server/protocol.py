@@ -89,11 +89,25 @@ class SamplingFields(_Request):
     repetition_penalty: float = Field(default=1.0, gt=0)
     min_tokens: int = Field(default=0, ge=0)
     ignore_eos: bool = False
+    structured_outputs: dict[str, Any] | None = None  # {"json" | "regex" | "choice" | "grammar" | "json_object": ...}
+    guided_json: dict[str, Any] | str | None = None  # vLLM's older spellings of structured_outputs
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+    guided_grammar: str | None = None
 
     def engine_extras(self) -> dict[str, Any]:
         """The fields that map one to one onto SamplingParams."""
         return {k: getattr(self, k) for k in ("top_k", "min_p", "repetition_penalty", "min_tokens", "ignore_eos",
                                               "frequency_penalty", "presence_penalty")}
+
+    def vllm_format(self) -> tuple[dict[str, Any], str] | None:
+        """The answer format from vLLM's structured_outputs or guided_* fields (400s name the field)."""
+        from osserve.structured.requests import vllm_format
+
+        return vllm_format(self.structured_outputs, {"guided_json": self.guided_json,
+                                                     "guided_regex": self.guided_regex,
+                                                     "guided_choice": self.guided_choice,
+                                                     "guided_grammar": self.guided_grammar})
 
     def stop_list(self) -> list[str]:
         return [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
@@ -127,6 +141,7 @@ class CompletionRequest(SamplingFields):
     echo: bool = False
     logprobs: int | None = Field(default=None, ge=0, le=20)
     suffix: str | None = None
+    response_format: ResponseFormat | None = None  # vLLM's extension: the whole output follows it
 
 
 class ResponsesRequest(_Request):

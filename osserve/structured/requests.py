@@ -1,9 +1,11 @@
 """The API's ways of asking for a constrained output, as StructuredOutputs: OpenAI's
-`response_format` (chat) and `text.format` (Responses), `tool_choice` and strict tools, Ollama's
+`response_format` (chat, completions) and `text.format` (Responses), `tool_choice` and strict
+tools, vLLM's `structured_outputs` and older `guided_*` fields (chat, completions), Ollama's
 `format`. Each error is a 400 naming the request field."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from osserve.errors import InvalidRequestError
@@ -102,12 +104,86 @@ def responses_tool_choice(choice: Any, tools: list[ToolSpec]) -> tuple[ToolChoic
 
 
 def chat_structured(fmt: dict[str, Any] | None, fmt_param: str, nested: bool, tools: list[ToolSpec],
-                    tool_choice: Any) -> StructuredOutputs | None:
-    """The constraint of a harmony chat turn, or None where nothing is constrained."""
+                    tool_choice: Any, vllm: tuple[dict[str, Any], str] | None = None) -> StructuredOutputs | None:
+    """The constraint of a harmony chat turn, or None where nothing is constrained. vllm: the answer
+    format from vLLM's fields (vllm_format), where the request used them instead of `fmt`."""
     mode, name = tool_choice_mode(tool_choice, [t.name for t in tools])
-    spec = StructuredOutputs(harmony=True, tools=tools, tool_choice=mode, tool_name=name, answer_param=fmt_param,
-                             **answer_format(fmt, fmt_param, nested))
+    fields, param = _one_answer_format(fmt, fmt_param, nested, vllm)
+    spec = StructuredOutputs(harmony=True, tools=tools, tool_choice=mode, tool_name=name, answer_param=param,
+                             **fields)
     return spec if spec.constrains else None
+
+
+def completion_structured(fmt: dict[str, Any] | None, vllm: tuple[dict[str, Any], str] | None
+                          ) -> StructuredOutputs | None:
+    """The constraint of a raw completion (its whole output) from `response_format` or vLLM's
+    fields (vllm_format), or None where nothing is constrained."""
+    fields, param = _one_answer_format(fmt, "response_format", True, vllm)
+    spec = StructuredOutputs(answer_param=param, **fields)
+    return spec if spec.constrains else None
+
+
+def _one_answer_format(fmt: dict[str, Any] | None, fmt_param: str, nested: bool,
+                       vllm: tuple[dict[str, Any], str] | None) -> tuple[dict[str, Any], str]:
+    fields = answer_format(fmt, fmt_param, nested)
+    if vllm is None:
+        return fields, fmt_param
+    if fields:
+        raise InvalidRequestError(f"give {fmt_param} or {vllm[1].split('.')[0]}, not both", vllm[1])
+    return vllm
+
+
+# vLLM's structured_outputs keys and the StructuredOutputs fields they set; its older guided_* fields.
+VLLM_KEYS = {"json": "json_schema", "regex": "regex", "choice": "choice", "grammar": "grammar",
+             "json_object": "json_object"}
+GUIDED = {"guided_json": "json", "guided_regex": "regex", "guided_choice": "choice", "guided_grammar": "grammar"}
+
+
+def vllm_format(structured_outputs: Any, guided: dict[str, Any]) -> tuple[dict[str, Any], str] | None:
+    """StructuredOutputs fields and the request field they came from, for vLLM's
+    `structured_outputs` (exactly one of json, regex, choice, grammar, json_object; a grammar in
+    llguidance's Lark dialect) or its older `guided_json` / `guided_regex` / `guided_choice` /
+    `guided_grammar` (`guided` maps each such field to its value); None where neither is given."""
+    given = {k: v for k, v in guided.items() if v is not None}
+    if structured_outputs is not None and given:
+        raise InvalidRequestError(f"give structured_outputs or {next(iter(given))}, not both", next(iter(given)))
+    if structured_outputs is not None:
+        if not isinstance(structured_outputs, dict):
+            raise InvalidRequestError("structured_outputs must be an object", "structured_outputs")
+        for key in structured_outputs:
+            if key not in VLLM_KEYS:
+                raise InvalidRequestError(f"structured_outputs.{key} is not supported: give one of "
+                                          f"{', '.join(VLLM_KEYS)}", f"structured_outputs.{key}")
+        chosen = {k: v for k, v in structured_outputs.items() if v is not None and v is not False}
+        if len(chosen) != 1:
+            raise InvalidRequestError(f"structured_outputs needs exactly one of {', '.join(VLLM_KEYS)}",
+                                      "structured_outputs")
+        ((key, value),) = chosen.items()
+        param = f"structured_outputs.{key}"
+    elif given:
+        if len(given) > 1:
+            raise InvalidRequestError(f"give one of {', '.join(given)}, not several", next(iter(given)))
+        ((field, value),) = given.items()
+        key, param = GUIDED[field], field
+    else:
+        return None
+    if key == "json":
+        if isinstance(value, str):
+            try:
+                value = json.loads(value)
+            except ValueError as e:
+                raise InvalidRequestError(f"{param} is not valid JSON: {e}", param) from None
+        if not isinstance(value, dict):
+            raise InvalidRequestError(f"{param} must be a JSON schema object", param)
+    elif key == "json_object":
+        if value is not True:
+            raise InvalidRequestError(f"{param} must be true", param)
+    elif key == "choice":
+        if not isinstance(value, list) or not value or not all(isinstance(c, str) and c for c in value):
+            raise InvalidRequestError(f"{param} must be a non-empty list of non-empty strings", param)
+    elif not isinstance(value, str) or not value:
+        raise InvalidRequestError(f"{param} must be a non-empty string", param)
+    return {VLLM_KEYS[key]: value}, param
 
 
 def ollama_format(fmt: Any) -> dict[str, Any]:

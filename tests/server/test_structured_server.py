@@ -5,6 +5,7 @@ format, and the 400s. The model follows nothing by itself: what is valid, the se
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -134,3 +135,55 @@ def test_bad_constraints_are_400s_naming_the_parameter(client: OpenAI, kw: dict,
         chat(client, "hi", **kw)
     error = info.value.body
     assert isinstance(error, dict) and error["param"] == param and error["type"] == "invalid_request_error"
+
+
+def test_completions_follow_response_format_and_vllms_fields(client: OpenAI) -> None:
+    """A raw completion is constrained as a whole: OpenAI's response_format (vLLM takes it on
+    completions too), vLLM's structured_outputs and its older guided_* fields, streamed and not."""
+    fmt = {"type": "json_schema", "json_schema": {"name": "answer", "schema": ANSWER}}
+    for seed in range(3):
+        r = client.completions.create(model=MODEL, prompt="The sum as JSON:", max_tokens=64, temperature=1,
+                                      seed=seed, extra_body={"response_format": fmt})
+        assert r.choices[0].finish_reason == "stop"
+        jsonschema.validate(json.loads(r.choices[0].text), ANSWER)
+    chunks = list(client.completions.create(model=MODEL, prompt="Streamed:", max_tokens=64, temperature=1, seed=5,
+                                            stream=True, extra_body={"structured_outputs": {"json": ANSWER}}))
+    jsonschema.validate(json.loads("".join(c.choices[0].text for c in chunks if c.choices)), ANSWER)
+    r = client.completions.create(model=MODEL, prompt="Yes or no?", max_tokens=16, temperature=1, seed=1,
+                                  extra_body={"structured_outputs": {"choice": ["yes", "no", "maybe"]}})
+    assert r.choices[0].text in ("yes", "no", "maybe")
+    r = client.completions.create(model=MODEL, prompt="Code:", max_tokens=16, temperature=1, seed=2,
+                                  extra_body={"guided_regex": "[A-Z]{2}-[0-9]{3}"})
+    assert re.fullmatch("[A-Z]{2}-[0-9]{3}", r.choices[0].text), r.choices[0].text
+    r = client.completions.create(model=MODEL, prompt="JSON:", max_tokens=64, temperature=1, seed=3,
+                                  extra_body={"guided_json": json.dumps(WEATHER)})
+    jsonschema.validate(json.loads(r.choices[0].text), WEATHER)
+    r = client.completions.create(model=MODEL, prompt="Free:", max_tokens=8, temperature=1, seed=4)
+    assert r.choices[0].finish_reason == "length"  # nothing asked: the output is free
+
+
+def test_chat_takes_vllms_structured_outputs_as_the_answer_format(client: OpenAI) -> None:
+    for seed in range(2):
+        r = chat(client, "What is 3 + 4?", temperature=1, seed=seed,
+                 extra_body={"structured_outputs": {"json": ANSWER}})
+        assert r.choices[0].finish_reason == "stop"
+        jsonschema.validate(json.loads(r.choices[0].message.content or ""), ANSWER)
+
+
+@pytest.mark.parametrize(("body", "param"), [
+    ({"structured_outputs": {"json": ANSWER}, "response_format": {"type": "json_object"}}, "structured_outputs.json"),
+    ({"structured_outputs": {"structural_tag": "x"}}, "structured_outputs.structural_tag"),
+    ({"structured_outputs": {"json": ANSWER, "regex": "a"}}, "structured_outputs"),
+    ({"structured_outputs": {"json": {"type": "nonsense"}}}, "structured_outputs.json"),
+    ({"structured_outputs": {"choice": []}}, "structured_outputs.choice"),
+    ({"guided_json": "{not json"}, "guided_json"),
+    ({"guided_regex": "a", "guided_choice": ["b"]}, "guided_regex"),
+    ({"guided_json": ANSWER, "structured_outputs": {"regex": "a"}}, "guided_json"),
+])
+def test_bad_vllm_constraints_are_400s_naming_the_field(client: OpenAI, body: dict, param: str) -> None:
+    for call in (lambda: client.completions.create(model=MODEL, prompt="x", max_tokens=4, extra_body=body),
+                 lambda: chat(client, "hi", extra_body=body)):
+        with pytest.raises(BadRequestError) as info:
+            call()
+        error = info.value.body
+        assert isinstance(error, dict) and error["param"] == param, error
