@@ -9,12 +9,14 @@
 # schema) and nomax (the schema without its strings' maxLength, what the length bound costs).
 # Tables printed last.
 # TREES="DIR ..." serves each directory's code in turn (e.g. `git archive OLD | tar -x -C .ab/OLD`,
-# carried): a same-machine comparison across commits.
-#   [PRESET=20b] [N=1024] [SKIP_ENGINE=1] [MASK_THREADS="8 1"] [RUNS="plain json nomax"] [TREES=". .ab/OLD"] \
+# carried): a same-machine comparison across commits. ENDPOINT=completions sends raw completions
+# instead of chat: the schema then binds the whole output, whose first token is text with a schema
+# or without (no harmony header), so TTFT compares the two directly.
+#   [PRESET=20b] [N=1024] [SKIP_ENGINE=1] [MASK_THREADS="8 1"] [RUNS="plain json nomax"] [TREES=". .ab/OLD"] [ENDPOINT=chat] \
 #       bash benchmarks/structured_ab.sh   (carry .whl)
 set -u
 PRESET=${PRESET:-20b}; N=${N:-1024}; MASK_THREADS=${MASK_THREADS:-default}; RUNS=${RUNS:-plain json plain json}
-TREES=${TREES:-.}
+TREES=${TREES:-.}; ENDPOINT=${ENDPOINT:-chat}
 source benchmarks/gpu_env.sh
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 if [ -z "${SKIP_ENGINE:-}" ]; then
@@ -37,7 +39,7 @@ for threads in $MASK_THREADS; do
         extra=(); [ "$run" = json ] && extra=(--json-schema /tmp/schema.json)
         [ "$run" = nomax ] && extra=(--json-schema /tmp/schema-nomax.json)
         result=$(python3 -m osserve.bench.serve --base-url http://127.0.0.1:8000 --model "gpt-oss-$PRESET" \
-            --endpoint chat --num-requests "$N" --concurrency 256 --max-tokens 256 --ignore-eos --timeout 200 \
+            --endpoint "$ENDPOINT" --num-requests "$N" --concurrency 256 --max-tokens 256 --ignore-eos --timeout 200 \
             --prompt "Explain quantum mechanics in one paragraph." "${extra[@]}" \
             --output-json "$OUT/serve-$threads-$run.json")
         tok=$(echo "$result" | grep "output token throughput" | grep -oE "[0-9]+\.[0-9]+" | head -1)
@@ -53,6 +55,6 @@ for threads in $MASK_THREADS; do
 done
 done
 [ -z "${SKIP_ENGINE:-}" ] && tail -14 "$OUT/engine.log"
-echo "| code | mask threads | serving c=256, $N requests, 256 out | output tok/s | TTFT p50 p90 p99 ms | first event (first token) p50 p90 p99 ms | completed / failed |"
+echo "| code | mask threads | serving c=256, $N $ENDPOINT requests, 256 out | output tok/s | TTFT p50 p90 p99 ms | first event (first token) p50 p90 p99 ms | completed / failed |"
 echo "|---|---|---|---|---|---|---|"
 cat "$TABLE"
