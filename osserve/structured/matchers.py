@@ -5,8 +5,7 @@ Compiling takes a few ms for a typical schema (up to seconds for pathological on
 vocabulary once ~1 s: both run in a worker thread (llguidance drops the GIL), and a request joins
 the scheduler only once its matcher is ready, so a new schema never stalls the requests already
 running. Compiled grammars are cached by their text (a server sees the same few schemas over and
-over); each request gets a copy. (Copying a cached grammar on the step loop instead of in the
-worker made serving slower: BENCHMARKS.md, experiments not kept.)
+over); each request gets a copy, made at once where the copy's lane is compiled already.
 
 Masks of a step's rows are filled in parallel by llguidance (it drops the GIL) into one host buffer
 (a 32-bit word per 32 tokens, bit set = allowed), while the engine turns the step before's tokens
@@ -142,16 +141,42 @@ class Grammars:
         """Compile (or copy from the cache) in the worker thread; `ready` hands the result over.
         free: the grammar's free channels and their budgets (grammar.free_channels); bounded: the
         answer's string bounds taken out (grammar.bounded_answer)."""
-        self._pending[request_id] = (self._compiler.submit(self._compile_request, grammar, bounded), free or {},
-                                     bounded)
+        copies = self._copy_cached(grammar, bounded)
+        if copies is not None:
+            future: Future[tuple[LLMatcher, Compiled, LLMatcher | None, int]] = Future()
+            future.set_result(copies)
+        else:
+            future = self._compiler.submit(self._compile_request, grammar, bounded)
+        self._pending[request_id] = (future, free or {}, bounded)
+
+    def _copy_cached(self, grammar: str, bounded: BoundedAnswer | None
+                     ) -> tuple[LLMatcher, Compiled, LLMatcher | None, int] | None:
+        """_compile_request's result made here, where the lane the request gets is compiled already
+        (its bounded answer's too): copies take microseconds, while the worker would first wait for
+        the GIL, and the request would miss the step that `ready` was next asked in (a step of
+        TTFT). None: the worker compiles."""
+        with self._cache_lock:
+            compiled = self._cache.get(grammar)
+            answer = self._cache.get(bounded.grammar) if bounded is not None else None
+            if compiled is None or bounded is not None and answer is None:
+                return None
+            lane = compiled.copies % len(compiled.lanes)
+            template = compiled.lanes[lane]
+            fast = answer.lanes[lane % len(answer.lanes)] if answer is not None else None
+            if template is None or answer is not None and fast is None:
+                return None
+            compiled.copies += 1
+            self._cache.move_to_end(grammar)
+        return template.deep_copy(), compiled, fast.deep_copy() if fast is not None else None, lane
 
     def _compile_request(self, grammar: str, bounded: BoundedAnswer | None
                          ) -> tuple[LLMatcher, Compiled, LLMatcher | None, int]:
         """The request's matcher (and its bounded answer's fast one, from the same lane), the
         compiled grammar and the lane."""
         compiled = self._compiled(grammar)
-        lane = compiled.copies % len(compiled.lanes)
-        compiled.copies += 1
+        with self._cache_lock:  # start() takes lanes too
+            lane = compiled.copies % len(compiled.lanes)
+            compiled.copies += 1
         matcher = self._copy(compiled, grammar, lane)
         if bounded is None:
             return matcher, compiled, None, lane
@@ -171,8 +196,7 @@ class Grammars:
                 self._cache.popitem(last=False)
         return compiled
 
-    @staticmethod
-    def _copy(compiled: Compiled, grammar: str, lane: int) -> LLMatcher:
+    def _copy(self, compiled: Compiled, grammar: str, lane: int) -> LLMatcher:
         """A copy of the grammar's matcher of that lane, compiling the lane first where it is new.
         A grammar whose first compile took over SLOW_COMPILE_S keeps that one lane: its next
         requests would each wait as long for theirs. (Only the compile worker calls this: a lane is
@@ -186,7 +210,8 @@ class Grammars:
             text = grammar if grammar.startswith("{") else LLMatcher.grammar_from_lark(grammar)
             template = compiled.lanes[lane] = LLMatcher(tokenizer, text, log_level=0)
             if first and time.perf_counter() - start > SLOW_COMPILE_S:
-                compiled.lanes[:] = [template]
+                with self._cache_lock:  # _copy_cached reads the lanes under it
+                    compiled.lanes[:] = [template]
         return template.deep_copy()
 
     def ready(self, wait: bool = False) -> list[tuple[str, str | None]]:

@@ -306,3 +306,24 @@ def test_a_grammar_slow_to_compile_keeps_one_lane(monkeypatch: pytest.MonkeyPatc
         assert grammars.states[f"r{n}"].lane == 0
     assert answer is not None
     assert [len(grammars._cache[g].lanes) for g in (text, answer.grammar)] == [1, 1]
+
+
+def test_a_request_whose_lane_is_compiled_is_ready_at_once() -> None:
+    """Once its lane (and its bounded answer's) is compiled, a request's copies are made in start():
+    `ready` hands it over without waiting for the compile worker."""
+    from osserve.structured.grammar import check
+
+    grammars = Grammars(load_tokenizer().vocab_size, lanes=2)
+    spec = StructuredOutputs(json_schema=TIGHT)
+    text = check(spec)
+    assert text is not None
+    answer = bounded_answer(spec, None)
+    for n in range(2):  # lanes 0 and 1: compiled by the worker
+        grammars.start(f"c{n}", text, {}, answer)
+        assert grammars.ready(wait=True) == [(f"c{n}", None)]
+    grammars._compiler.shutdown(wait=True)  # from here a submit to the worker would raise
+    for n in range(4):  # every lane compiled: copied in start()
+        grammars.start(f"r{n}", text, {}, answer)
+        assert grammars.ready() == [(f"r{n}", None)]
+        state = grammars.states[f"r{n}"]
+        assert state.lane == n % 2 and state.bounded is not None
