@@ -58,7 +58,6 @@ from osserve.engine.worker.runner import BatchEntry, ModelRunner
 from osserve.engine.worker.sampler import MaskUpload, RowSettings, Sampler, SamplerOutput, SamplingBatch
 from osserve.errors import InvalidRequestError
 from osserve.speculative.decoder import SpeculativeDecoder
-from osserve.structured.grammar import bounded_answer, free_channels, grammar_text
 from osserve.structured.matchers import Grammars
 from osserve.structured.spec import StructuredOutputs
 from osserve.tokenizer import Tokenizer
@@ -130,13 +129,11 @@ class LLMEngine:
             params.max_tokens = max(1, self.max_model_len - len(prompt_token_ids))
         req = Request(request_id=request_id, prompt_token_ids=list(prompt_token_ids),
                       sampling_params=params, arrival_time=time.monotonic())
-        grammar = grammar_text(params.structured, params.max_tokens) if params.structured else None
+        grammar = self.grammars.grammar_for(params.structured, params.max_tokens) if params.structured else None
         if grammar is None:
             self.scheduler.add_request(req)  # raises on empty / too long / larger than the pool
         else:  # checked already (structured.grammar.check: the server, LLM); compiled off the loop
-            assert params.structured is not None
-            self.grammars.start(request_id, grammar, free_channels(params.structured, params.max_tokens),
-                                bounded_answer(params.structured, params.max_tokens))
+            self.grammars.start(request_id, grammar.text, grammar.free, grammar.bounded)
             self.compiling[request_id] = req
         self.requests[request_id] = req
         self.outputs.add(req)

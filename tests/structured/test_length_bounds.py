@@ -327,3 +327,20 @@ def test_a_request_whose_lane_is_compiled_is_ready_at_once() -> None:
         assert grammars.ready() == [(f"r{n}", None)]
         state = grammars.states[f"r{n}"]
         assert state.lane == n % 2 and state.bounded is not None
+
+
+def test_a_specs_grammar_is_worked_out_once_for_its_requests() -> None:
+    """grammar_for remembers each (spec, max_tokens): equal specs of new requests get the same
+    text, free channels and bounded answer without working them out again."""
+    from osserve.structured.grammar import free_channels, grammar_text
+
+    grammars = Grammars(load_tokenizer().vocab_size, lanes=1)
+    spec = StructuredOutputs(json_schema=TIGHT, harmony=True)
+    first = grammars.grammar_for(spec, 64)
+    assert first is not None and first.bounded is not None
+    assert first.text == grammar_text(spec, 64) and first.free == free_channels(spec, 64)
+    again = grammars.grammar_for(StructuredOutputs(json_schema=json.loads(json.dumps(TIGHT)), harmony=True), 64)
+    assert again is first
+    other = grammars.grammar_for(spec, 128)
+    assert other is not first and other is not None and other.free != first.free
+    assert grammars.grammar_for(StructuredOutputs(harmony=True), 64) is None  # nothing constrained
