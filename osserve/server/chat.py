@@ -76,9 +76,14 @@ def tool_specs(tools: list[ChatTool] | None) -> list[ToolSpec]:
 def render_request(req: ChatCompletionRequest) -> tuple[RenderedPrompt, StructuredOutputs | None]:
     """The prompt and the output's constraint (the answer format, forced or forbidden tool calls)."""
     fmt = req.response_format.model_dump(exclude_none=True) if req.response_format is not None else None
-    spec = chat_structured(fmt, "response_format", True, tool_specs(req.tools), req.tool_choice, req.vllm_format())
+    vllm = req.vllm_format()
+    spec = chat_structured(fmt, "response_format", True, tool_specs(req.tools), req.tool_choice, vllm)
     tools = [FunctionTool(t.function.name, t.function.description, t.function.parameters)
              for t in req.tools or []]
+    if vllm is not None and "json_schema" in vllm[0]:  # shown to the model as response_format's would be
+        fmt = {"type": "json_schema", "json_schema": {"name": "response", "schema": vllm[0]["json_schema"]}}
+    elif vllm is not None and "json_object" in vllm[0]:
+        fmt = {"type": "json_object"}
     told = format_instructions(fmt, nested=True)
     prompt = render_chat(to_chat_messages(req), tools=tools, tool_choice=req.tool_choice or "auto",
                          reasoning_effort=req.reasoning_effort or "medium",

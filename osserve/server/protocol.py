@@ -10,6 +10,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from osserve.structured.requests import vllm_format
+
 
 class _Request(BaseModel):
     model_config = ConfigDict(extra="allow")  # unknown OpenAI fields are accepted and ignored
@@ -102,8 +104,6 @@ class SamplingFields(_Request):
 
     def vllm_format(self) -> tuple[dict[str, Any], str] | None:
         """The answer format from vLLM's structured_outputs or guided_* fields (400s name the field)."""
-        from osserve.structured.requests import vllm_format
-
         return vllm_format(self.structured_outputs, {"guided_json": self.guided_json,
                                                      "guided_regex": self.guided_regex,
                                                      "guided_choice": self.guided_choice,

@@ -187,3 +187,19 @@ def test_bad_vllm_constraints_are_400s_naming_the_field(client: OpenAI, body: di
             call()
         error = info.value.body
         assert isinstance(error, dict) and error["param"] == param, error
+
+
+def test_vllms_json_schema_is_shown_to_the_model_as_response_formats_is() -> None:
+    """In chat, structured_outputs' schema reaches harmony's "# Response Formats" section, as the
+    same schema in response_format does: the prompts are the same tokens."""
+    from osserve.server.chat import render_request
+    from osserve.server.protocol import ChatCompletionRequest
+
+    messages = [{"role": "user", "content": "Sum?"}]
+    ours = render_request(ChatCompletionRequest(model=MODEL, messages=messages,
+                                                structured_outputs={"json": ANSWER}))
+    theirs = render_request(ChatCompletionRequest(model=MODEL, messages=messages, response_format={
+        "type": "json_schema", "json_schema": {"name": "response", "schema": ANSWER}}))
+    plain = render_request(ChatCompletionRequest(model=MODEL, messages=messages))
+    assert ours[0] == theirs[0] != plain[0]
+    assert ours[1] is not None and ours[1].json_schema == ANSWER and ours[1].answer_param == "structured_outputs.json"
