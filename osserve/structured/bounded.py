@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from osserve.structured.grammar import BoundedAnswer
-from osserve.structured.json_cursor import JsonCursor, vocabulary_runs
+from osserve.structured.json_cursor import JsonCursor, TokenRuns, vocabulary_runs
 from osserve.structured.vocabulary import token_bytes
 from osserve.tokenizer import CHANNEL, MESSAGE
 
@@ -28,12 +28,13 @@ class Bounded:
     answer: BoundedAnswer
     cursor: JsonCursor | None = None  # over the answer, from its first byte
     pending: list[int] = field(default_factory=list)  # tokens the fast matcher has yet to see
+    runs: TokenRuns = field(default_factory=vocabulary_runs, repr=False)  # the vocabulary's, for the cursor
 
     def feed(self, token: int) -> bool:
         """Advance past an accepted token; False where the fast matcher rejects it (it cannot: its
         grammar takes more), and the request goes on with the bounded grammar alone."""
         if self.cursor is not None:
-            self.cursor.feed_token(token, vocabulary_runs())
+            self.cursor.feed_token(token, self.runs)
             return self.fast.consume_token(token)
         self.pending.append(token)
         if token == MESSAGE and self._channel() == b"final":  # the answer's first byte comes next

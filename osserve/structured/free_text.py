@@ -25,6 +25,7 @@ from osserve.tokenizer import CHANNEL, END, MESSAGE, START
 
 BUDGET_MARGIN = 1  # the budget's last tokens are the grammar's to mask (it closes the channel at the end)
 MAX_HEADER = 64  # bytes of a channel name or role: longer is no free channel's
+UNBOUNDED = 1 << 62  # FreeText.limit of a channel without a budget
 
 
 class Phase(enum.Enum):
@@ -47,6 +48,7 @@ class FreeText:
     channel: bytes = b""  # the free channel whose text this is (Phase.TEXT)
     count: int = 0  # tokens of that text so far
     owed: int = 0  # continuation bytes its last character still owes (0: on a character boundary)
+    limit: int = 0  # the count from which the channel's budget is the grammar's to mask (free_channel)
 
     def feed(self, token: int, token_bytes: bytes | None = None) -> None:
         """Advance past one accepted token. token_bytes: its bytes, where the caller has them (a
@@ -65,7 +67,9 @@ class FreeText:
             if token == MESSAGE:
                 name = bytes(self.header)
                 if name in self.budgets:
+                    budget = self.budgets[name]
                     self.channel, self.count, self.owed = name, 0, 0
+                    self.limit = UNBOUNDED if budget is None else budget - BUDGET_MARGIN
                 self.phase = Phase.TEXT if name in self.budgets else Phase.OFF
             else:
                 self._header(token, special, token_bytes)
@@ -79,10 +83,7 @@ class FreeText:
 
     def free_channel(self) -> bytes | None:
         """The free channel whose one mask the next token has, or None where it is not known here."""
-        if self.phase is not Phase.TEXT or self.owed:
-            return None
-        budget = self.budgets[self.channel]
-        if budget is not None and self.count >= budget - BUDGET_MARGIN:
+        if self.phase is not Phase.TEXT or self.owed or self.count >= self.limit:
             return None
         return self.channel
 

@@ -37,10 +37,12 @@ class Utf8Shapes:
     """Per token id, one byte each (bytes index fast): `lead`, how many UTF-8 continuation bytes
     (10xxxxxx) it starts with, which finish a character begun before it; `tail`, how many
     continuation bytes the character its last bytes begin still owes (0: it ends on a character
-    boundary), counted from its first other byte."""
+    boundary), counted from its first other byte; `whole`, 1 where the token is whole characters
+    (lead and tail 0, not special): inside free text such a token changes nothing but the count."""
 
     lead: bytes
     tail: bytes
+    whole: bytes
 
 
 def _ranks() -> dict[bytes, int]:
@@ -87,7 +89,8 @@ def utf8_shapes() -> Utf8Shapes:
         while last > k and token[last] & 0xC0 == 0x80:
             last -= 1
         tail[rank] = max(0, _char_length(token[last]) - (len(token) - last))
-    return Utf8Shapes(bytes(lead), bytes(tail))
+    whole = bytes(int(a == 0 and b == 0) for a, b in zip(lead, tail, strict=True))
+    return Utf8Shapes(bytes(lead), bytes(tail), whole)
 
 
 @functools.cache
