@@ -344,3 +344,39 @@ def test_a_specs_grammar_is_worked_out_once_for_its_requests() -> None:
     other = grammars.grammar_for(spec, 128)
     assert other is not first and other is not None and other.free != first.free
     assert grammars.grammar_for(StructuredOutputs(harmony=True), 64) is None  # nothing constrained
+
+
+def test_a_fast_matcher_that_rejects_leaves_its_row_to_the_bounded_grammar() -> None:
+    """The fast matcher is fed in its lane's thread: where it rejects a token (its grammar takes
+    more than the bounded one, so only a fault can make it), the row's mask comes from the bounded
+    grammar, fed what it had yet to see, and the request goes on with it alone. The fault is made
+    here by feeding the fast matcher a token no JSON takes, out of turn."""
+    from llguidance import LLMatcher
+    from llguidance.torch import fill_next_token_bitmask
+
+    from osserve.structured.grammar import check
+    from osserve.tokenizer import CHANNEL
+
+    vocab = load_tokenizer().vocab_size
+    grammars = Grammars(vocab, lanes=1)
+    spec = StructuredOutputs(json_schema=TIGHT)  # a raw completion: the answer from the first token
+    text = check(spec)
+    assert text is not None
+    grammars.start("r", text, {}, bounded_answer(spec, None))
+    assert grammars.ready(wait=True) == [("r", None)]
+    reference = LLMatcher(harmony_lltokenizer(), LLMatcher.grammar_from_lark(text), log_level=0)
+    expected = torch.empty(1, grammars.words, dtype=torch.int32)
+    tokens = load_tokenizer().encoding.encode('{"code":"ab","tags":["x","yz"]}', allowed_special=set())
+    state = grammars.states["r"]
+    for i, token in enumerate(tokens):
+        if i == 3:
+            assert state.bounded is not None
+            assert not state.bounded.fast.consume_token(CHANNEL)  # the fault
+        step = grammars.masks(["r"])
+        assert step is not None and not step.dead
+        fill_next_token_bitmask(reference, expected)
+        assert torch.equal(step.bits[0], expected[0]), i
+        assert (state.bounded is None) == (i >= 3)
+        assert not grammars.accept({"r": token})
+        assert reference.consume_token(token)
+    assert state.matcher.is_accepting()
