@@ -59,11 +59,14 @@ if TYPE_CHECKING:
     from llguidance import LLExecutor, LLMatcher
 
 CACHE_SIZE = 256  # compiled grammars kept (a few hundred KB each at most, their shared masks 25 KB each)
-# Mask lanes (a thread and a compiled copy of each grammar each): half the cores, at most 8. More
-# (llguidance's default is 80% of the cores) would contend with the HTTP processes and the engine's
-# own thread on a serving host. OSSERVE_MASK_THREADS overrides it (read once at import;
-# benchmarks/structured_ab.sh compares settings).
-MASK_THREADS = int(os.environ.get("OSSERVE_MASK_THREADS", 0)) or max(1, min(8, (os.cpu_count() or 2) // 2))
+# Mask lanes (a thread and a compiled copy of each grammar each): 2 (1 on a host of 2 or 3 cores).
+# Each lane's thread takes the GIL a few times a step, and at the engine's 0.2 ms switch interval
+# the loop hands it over each time: on H100 hosts (2026-11-26, benchmarks/diag/mask_interference.py)
+# 8 lanes slowed the loop's own Python beside the fill by 0.5-1.6 ms a step, 2 lanes by 0.2-0.8, and
+# serving with a schema on every request lost 4.7-10.9% of its output with 2 lanes against 7.8-16.9%
+# with 8, in the same three calls (BENCHMARKS.md). OSSERVE_MASK_THREADS overrides it (read once at
+# import; benchmarks/structured_ab.sh compares settings).
+MASK_THREADS = int(os.environ.get("OSSERVE_MASK_THREADS", 0)) or max(1, min(2, (os.cpu_count() or 2) // 2))
 
 
 SLOW_COMPILE_S = 0.05  # a grammar that took longer to compile keeps one mask lane (Grammars._copy)
