@@ -22,7 +22,7 @@ the JSON answer or call, up to its stop token) and `stopped` (the stop token rep
 grammar ended); and accept() of the step's tokens. Reported: the median ms a step over `--steps`
 steps (default 256: a request's whole life) and the median us a row, each the median over
 `--rounds` rounds, the modes' rounds alternating. Host-only figures: the serving host fills masks with MASK_THREADS
-(osserve/structured/matchers.py) threads, half its cores at most 8; this script uses the same rule.
+(osserve/structured/matchers.py) threads, 2 (1 on a host of 2-3 cores); this script uses the same rule.
 """
 
 from __future__ import annotations
