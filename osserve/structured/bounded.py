@@ -4,7 +4,7 @@ JsonCursor over the answer clears the tokens that would overflow a bound (json_c
 the answer starts (harmony: after `<|channel|>final<|message|>`) the two grammars agree, so the
 second matcher is fed nothing until then. matchers.Grammars holds one per such request, and feeds
 the second matcher its tokens in the mask thread that fills its next mask, not on the step loop
-(a token's feed took ~4 us of a serving host's loop: ~0.5 ms a step at 128 answer rows)."""
+(py-spy of the loop on an H100 host: ~0.6 ms a step at ~128 answer rows, 2026-11-26)."""
 
 from __future__ import annotations
 
