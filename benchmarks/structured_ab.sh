@@ -6,7 +6,10 @@
 # first token is sampled (with a schema, a random-weight model's first three are harmony's header,
 # which carries no text). With MASK_THREADS="8 1" the serving part runs once per llguidance
 # mask-thread count (OSSERVE_MASK_THREADS), a server each. RUNS sets the rounds: plain, json (the
-# schema) and nomax (the schema without its strings' maxLength, what the length bound costs).
+# schema), nomax (the schema without its strings' maxLength, what the length bound costs) and long
+# (no constraint, the schema's text in the user's message instead: in chat a json request's prompt
+# holds the schema, 155 tokens against 63, and long's holds as many, so json against long is the
+# grammar's cost alone).
 # Tables printed last.
 # TREES="DIR ..." serves each directory's code in turn (e.g. `git archive OLD | tar -x -C .ab/OLD`,
 # carried): a same-machine comparison across commits. ENDPOINT=completions sends raw completions
@@ -25,6 +28,8 @@ if [ -z "${SKIP_ENGINE:-}" ]; then
 fi
 python3 -c "import json; from benchmarks.bench_structured import SCHEMA; print(json.dumps(SCHEMA))" > /tmp/schema.json
 python3 -c "import json; from benchmarks.bench_structured import SCHEMA; del SCHEMA['properties']['steps']['items']['maxLength']; print(json.dumps(SCHEMA))" > /tmp/schema-nomax.json
+PROMPT="Explain quantum mechanics in one paragraph."
+LONG_PROMPT="$PROMPT Answer as JSON that follows this schema, and keep the answer short: $(python3 -c "import json; from benchmarks.bench_structured import SCHEMA; print(json.dumps(SCHEMA, separators=(',', ':')))")"
 TABLE="$OUT/structured-serve.txt"; : > "$TABLE"
 for tree in $TREES; do
 for threads in $MASK_THREADS; do
@@ -38,9 +43,10 @@ for threads in $MASK_THREADS; do
     for run in $RUNS; do
         extra=(); [ "$run" = json ] && extra=(--json-schema /tmp/schema.json)
         [ "$run" = nomax ] && extra=(--json-schema /tmp/schema-nomax.json)
+        prompt=$PROMPT; [ "$run" = long ] && prompt=$LONG_PROMPT
         result=$(python3 -m osserve.bench.serve --base-url http://127.0.0.1:8000 --model "gpt-oss-$PRESET" \
             --endpoint "$ENDPOINT" --num-requests "$N" --concurrency 256 --max-tokens 256 --ignore-eos --timeout 200 \
-            --prompt "Explain quantum mechanics in one paragraph." "${extra[@]}" \
+            --prompt "$prompt" "${extra[@]}" \
             --output-json "$OUT/serve-$threads-$run.json")
         tok=$(echo "$result" | grep "output token throughput" | grep -oE "[0-9]+\.[0-9]+" | head -1)
         ttft=$(echo "$result" | grep "TTFT ms" | grep -oE "[0-9]+\.[0-9]+" | sed -n 2,4p | tr '\n' ' ')

@@ -18,6 +18,7 @@ import asyncio
 import gc
 import logging
 import multiprocessing as mp
+import os
 import signal
 import sys
 import threading
@@ -37,7 +38,9 @@ if TYPE_CHECKING:  # imported by the engine process only: an HTTP server process
     from osserve.engine.load import EngineArgs
 
 log = logging.getLogger("osserve")
-SWITCH_INTERVAL_S = 0.0002  # the engine process's GIL switch interval (_engine_main says why)
+# The engine process's GIL switch interval (_engine_main says why). OSSERVE_SWITCH_INTERVAL_S
+# overrides it (read once at import; benchmarks/structured_ab.sh compares settings).
+SWITCH_INTERVAL_S = float(os.environ.get("OSSERVE_SWITCH_INTERVAL_S", 0.0002))
 
 
 @dataclass
