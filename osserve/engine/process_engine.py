@@ -39,7 +39,8 @@ if TYPE_CHECKING:  # imported by the engine process only: an HTTP server process
 
 log = logging.getLogger("osserve")
 # The engine process's GIL switch interval (_engine_main says why). OSSERVE_SWITCH_INTERVAL_S
-# overrides it (read once at import; benchmarks/structured_ab.sh compares settings).
+# overrides it (read once at import), e.g. `OSSERVE_SWITCH_INTERVAL_S=0.005 bash
+# benchmarks/structured_ab.sh` against the same without it.
 SWITCH_INTERVAL_S = float(os.environ.get("OSSERVE_SWITCH_INTERVAL_S", 0.0002))
 
 
