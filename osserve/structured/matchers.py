@@ -310,21 +310,19 @@ class Grammars:
                 # token (whole characters, inside the budget), takes it again. What the general path
                 # below does for it, inlined: its calls cost ~1 us a row more (2-core CPU,
                 # bench_masks' json at 256 rows: accept 0.77 -> 0.63 ms a step with both fast paths).
-                # Its bounded answer, if any, has not started (a free channel never follows it).
                 free.count += 1
                 state.behind.append(token)
                 if state.bounded is not None:
-                    state.bounded.pending.append(token)
+                    state.bounded.feed(token)
                 continue
             bounded = state.bounded
             if bounded is not None:
                 bounded.feed(token)
-                cursor = bounded.cursor
-                if cursor is not None and cursor.ended:
+                if bounded.done:
                     state.bounded = bounded = None  # the bounded grammar alone from now
-                elif cursor is not None and not cursor.escape:
-                    # Inside the answer (Bounded.fills), where no free channel is: the fast matcher
-                    # fills the next mask, and the matcher may wait.
+                elif bounded.fills:
+                    # Inside the answer, where no free channel is: the fast matcher fills the next
+                    # mask, and the matcher may wait.
                     state.behind.append(token)
                     state.key = None
                     continue
