@@ -26,6 +26,10 @@ pytestmark = pytest.mark.skipif(
     reason="needs CUDA or TRITON_INTERPRET=1",
 )
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+# The decode kernel multiplies in float16 (ops/attention/fp8_triton.py): q and p carry 11 bits, so its
+# output is ~3e-4 from the float32 reference here; a lost or doubled scale, or a key seen wrongly, is
+# far more. The prefill kernel multiplies in the query's dtype (float32 here): 1e-4.
+DECODE_TOL = 2e-3
 
 
 def assert_same_cache(a: KVCache, b: KVCache) -> None:
@@ -152,7 +156,7 @@ def test_split_kv_decode_reads_fp8_as_the_reference(num_splits: int, window: int
                      seed=num_splits * 7 + (window or 0))
     cache = quantised(case)
     out = run_fp8(case, cache, is_decode=True, num_splits=num_splits)
-    assert rel_err(out, fp8_reference(case, cache)) < 1e-4
+    assert rel_err(out, fp8_reference(case, cache)) < DECODE_TOL
 
 
 def test_fp8_attention_is_close_to_the_unquantised() -> None:

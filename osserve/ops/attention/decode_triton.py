@@ -25,7 +25,7 @@ import torch
 import triton
 import triton.language as tl
 
-from osserve.ops.attention.fp8_triton import scale_args, scale_value
+from osserve.ops.attention.fp8_triton import fp8_scores, fp8_values, query_f16, scale_args, scale_value
 from osserve.ops.pdl import pdl_enter, pdl_launch, prefetch_before_wait, prefetch_l2
 
 LOG2E = 1.4426950408889634
@@ -58,6 +58,7 @@ def _decode_kernel(
     PDL: tl.constexpr,
     PREFETCH: tl.constexpr,
     FP8: tl.constexpr,  # an FP8 cache (attention/kv_format.py): scales fold into the scores' and p's columns
+    ASM: tl.constexpr,  # compiled (not the interpreter): FP8 codes converted by inline PTX (fp8_triton.py)
 ):
     b = tl.program_id(0)
     kvh = tl.program_id(1)
@@ -96,6 +97,8 @@ def _decode_kernel(
     offs_d = tl.arange(0, HEAD_DIM)
     q = tl.load(q_ptr + q_row.to(tl.int64) * stride_qt + head[:, None] * stride_qh + offs_d[None, :],
                 mask=g_ok[:, None], other=0.0)  # [GROUP_P, D]
+    if FP8:
+        q = query_f16(q)
     if NUM_SPLITS > 1:
         m_i = tl.full([GROUP_P], -1e30, dtype=tl.float32)  # finite: exp2(-inf - m_i) stays 0
         l_i = tl.zeros([GROUP_P], dtype=tl.float32)
@@ -119,7 +122,7 @@ def _decode_kernel(
         if FP8:
             s_rows = blk * stride_sb + in_blk * stride_ss + kvh * stride_sh
             k_scale = scale_value(tl.load(ks_ptr + s_rows, mask=k_ok, other=0.0))
-            qk = tl.dot(q, tl.trans(k.to(q.dtype))) * (k_scale * scale_log2e)[None, :]  # [GROUP_P, N]
+            qk = fp8_scores(q, k, k_scale, scale_log2e, ASM)  # [GROUP_P, N]
         else:
             qk = tl.dot(q, tl.trans(k)) * scale_log2e  # [GROUP_P, N]
         qk = tl.where(k_ok[None, :], qk, float("-inf"))
@@ -131,7 +134,7 @@ def _decode_kernel(
         v = tl.load(v_ptr + v_rows[:, None] + offs_d[None, :], mask=k_ok[:, None], other=0.0)
         if FP8:
             v_scale = scale_value(tl.load(vs_ptr + s_rows, mask=k_ok, other=0.0))
-            acc = acc * alpha[:, None] + tl.dot((p * v_scale[None, :]).to(q.dtype), v.to(q.dtype))
+            acc = acc * alpha[:, None] + fp8_values(p, v, v_scale, ASM)
         else:
             acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
         m_i = m_new
@@ -223,6 +226,10 @@ def paged_decode_triton(
     else:  # unused by the kernel; any fp32 pointer will do
         part_acc = part_m = part_l = out
     ks, vs, scale_strides = scale_args(k_scales, v_scales, seq_lens)
+    # An FP8 cache's tiles are half the bytes: a third stage in flight kept its loads ahead (H100,
+    # batch 256, 1k / 2k contexts: 163 / 303 us against 216 / 420 with two; bf16 198 / 389; four
+    # stages 214 / 396; benchmarks/diag/decode_attention_sweep.py --fp8). bf16 gains nothing from it.
+    fp8 = k_scales is not None
     _decode_kernel[(num_seqs, kv_heads, num_splits)](
         q, k_cache, v_cache, out, sinks, query_start_loc, seq_lens, block_tables, ks, vs,
         part_acc, part_m, part_l, scale * LOG2E, window or 0,
@@ -231,8 +238,8 @@ def paged_decode_triton(
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), block_tables.stride(0), *scale_strides,
         NUM_HEADS=num_heads, GROUP=group, GROUP_P=max(16, triton.next_power_of_2(group)),
         BLOCK_N=block_n, HEAD_DIM=head_dim, BLOCK_SIZE=block_size, HAS_WINDOW=window is not None,
-        NUM_SPLITS=num_splits, PDL=pdl, PREFETCH=prefetch_before_wait(q.device), FP8=k_scales is not None,
-        num_warps=num_warps or 4, num_stages=num_stages or 2,
+        NUM_SPLITS=num_splits, PDL=pdl, PREFETCH=prefetch_before_wait(q.device), FP8=fp8,
+        ASM=not interpreting(), num_warps=num_warps or 4, num_stages=num_stages or (3 if fp8 else 2),
         launch_pdl=pdl,
     )
     if num_splits > 1:

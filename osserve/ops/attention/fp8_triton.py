@@ -2,6 +2,16 @@
 and e4m3 codes rounded exactly as PyTorch's `.to(torch.float8_e4m3fn)` rounds (to nearest, ties to
 even), for the kernels that write the cache (attention/paged_triton.py, rope/) and read it.
 
+The decode kernel multiplies in float16, not bf16: e4m3 codes become float16 exactly in one
+instruction a pair (`cvt.rn.f16x2.e4m3x2`), where bf16 took three (by way of f16), and float16
+keeps more of q, p and the codes than bf16 would. The query is clamped into float16's range, and
+p times the value scales is divided by the tile's largest value scale (kept in [0, 1]) and the
+product multiplied by it again in float32. The values' codes are converted by inline PTX, which
+Triton does not move behind the tile's trip into the dot's operand layout: moved there (as it moves
+a `.to`), the codes of one column, 64 bytes apart, were gathered a byte at a time from shared memory
+(`LDS.U8`; sm_90 SASS of the decode loop: 901 instructions a tile with bf16 products, 529 so,
+against 419 for a bf16 cache).
+
 The rounding is done here in float32, onto e4m3's grid, before the cast: the cast then only packs an
 exact value, which the GPU and Triton's CPU interpreter both do exactly (the interpreter's own
 float32 -> float8 rounding loses the carry when a value rounds up into the next power of two:
@@ -57,6 +67,42 @@ def to_e4m3(x, s):  # noqa: ANN001
     sign = y.to(tl.int32, bitcast=True) & -2147483648  # y's sign bit (-0.0 stays -0.0, as in PyTorch)
     rounded = ((f * _pow2(step)).to(tl.int32, bitcast=True) | sign).to(tl.float32, bitcast=True)
     return rounded.to(tl.float8e4nv)
+
+
+@triton.jit
+def query_f16(q):  # noqa: ANN001
+    """A query tile as float16 for the FP8 products (module docstring), clamped into its range."""
+    return tl.minimum(tl.maximum(q.to(tl.float32), -65504.0), 65504.0).to(tl.float16)
+
+
+@triton.jit
+def codes_f16(codes, ASM: tl.constexpr):  # noqa: ANN001
+    """e4m3 codes as float16 (exact). ASM: by inline PTX, which stays where it is written (module
+    docstring); Triton's interpreter runs no PTX, so there (ASM False) by a cast."""
+    if ASM:
+        return tl.inline_asm_elementwise(
+            "{ .reg .b16 lo, hi; mov.b32 {lo, hi}, $2; cvt.rn.f16x2.e4m3x2 $0, lo; cvt.rn.f16x2.e4m3x2 $1, hi; }",
+            "=r,=r,r", [codes], dtype=tl.float16, is_pure=False, pack=4)
+    else:
+        return codes.to(tl.float16)
+
+
+@triton.jit
+def fp8_scores(q16, k_codes, k_scale, scale_log2e, ASM: tl.constexpr):  # noqa: ANN001
+    """q [M, D] (query_f16) against a tile's key codes [N, D] and scales [N] (float32): the scores
+    [M, N] in float32, times scale_log2e."""
+    return tl.dot(q16, tl.trans(codes_f16(k_codes, ASM))) * (k_scale * scale_log2e)[None, :]
+
+
+@triton.jit
+def fp8_values(p, v_codes, v_scale, ASM: tl.constexpr):  # noqa: ANN001
+    """p [M, N] (float32, in [0, 1]) times a tile's value codes [N, D] with their scales [N]: [M, D]
+    in float32. The scales join p's columns divided by the largest of them, which multiplies the
+    product (module docstring); an all-zero tile (unwritten or masked slots) divides by 1."""
+    v_max = tl.max(v_scale, 0)
+    v_max = tl.where(v_max == 0.0, 1.0, v_max)
+    weights = (p * (v_scale * (1.0 / v_max))[None, :]).to(tl.float16)
+    return tl.dot(weights, codes_f16(v_codes, ASM)) * v_max
 
 
 def scale_args(k_scales: torch.Tensor | None, v_scales: torch.Tensor | None, placeholder: torch.Tensor,
