@@ -112,6 +112,9 @@ def run_layout(preset: str, n: int, ep: bool, ref: dict[str, Any] | None, output
         b32 = run_once(engine, 32, 1024, output_len, seed=2)
         row |= {"b1_tok_s": b1.decode_tok_s, "b1_tpot_ms": b1.tpot_median_ms, "b32_tok_s": b32.decode_tok_s,
                 "b32_tpot_ms": b32.tpot_median_ms, "rank0_peak_gib": torch.cuda.max_memory_allocated() / 2**30}
+        # Printed before the ranks are shut down: two x2 runs (the second 2026-11-26) built TP 2, then printed
+        # nothing for minutes, and a stall in the shutdown must not take the figures with it.
+        print(json.dumps(row), flush=True)
     finally:
         if isinstance(engine.runner, ParallelRunner):
             engine.runner.shutdown()
@@ -119,7 +122,6 @@ def run_layout(preset: str, n: int, ep: bool, ref: dict[str, Any] | None, output
         gc.collect()
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
-    print(json.dumps(row), flush=True)
     return row, ref
 
 
@@ -175,9 +177,9 @@ def main() -> None:
                 continue
             row, ref = run_layout(preset, n, ep, ref, args.output_len, args.gpu_memory_utilization)
             rows.append(row)
-        if args.out:
-            device = f"{gpus} x {torch.cuda.get_device_name()}"
-            Path(args.out.format(preset=preset)).write_text(json.dumps({"device": device, "rows": rows}, indent=1))
+            if args.out:  # after every layout: a later one that stalls leaves the earlier ones written
+                device = f"{gpus} x {torch.cuda.get_device_name()}"
+                Path(args.out.format(preset=preset)).write_text(json.dumps({"device": device, "rows": rows}, indent=1))
 
 
 if __name__ == "__main__":

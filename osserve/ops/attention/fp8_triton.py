@@ -9,7 +9,7 @@ p times the value scales is divided by the tile's largest value scale (kept in [
 product multiplied by it again in float32. The values' codes are converted by inline PTX, which
 Triton does not move behind the tile's trip into the dot's operand layout: moved there (as it moves
 a `.to`), the codes of one column, 64 bytes apart, were gathered a byte at a time from shared memory
-(`LDS.U8`; sm_90 SASS of the decode loop: 901 instructions a tile with bf16 products, 529 so,
+(`LDS.U8`; sm_90 SASS of the decode loop: 901 instructions a tile with bf16 products, 536 so,
 against 419 for a bf16 cache).
 
 The rounding is done here in float32, onto e4m3's grid, before the cast: the cast then only packs an
