@@ -159,6 +159,17 @@ def test_split_kv_decode_reads_fp8_as_the_reference(num_splits: int, window: int
     assert rel_err(out, fp8_reference(case, cache)) < DECODE_TOL
 
 
+@pytest.mark.parametrize("value_gain", [2.0**-16, 2.0**26])
+def test_decode_keeps_values_of_any_magnitude(value_gain: float) -> None:
+    """The decode kernel's float16 products: p times the value scales is taken over the tile's
+    largest scale, so tiny values (2^-16: p * scale would be a float16 subnormal of a few bits) and
+    huge ones (2^26: their scales pass float16's 65504) are read as exactly as unit ones."""
+    case = make_case([(n, 1) for n in (7, 40, 100)], 8, 2, 16, 4, None, device=DEVICE, seed=21)
+    case.v_cache.mul_(value_gain)
+    cache = quantised(case)
+    assert rel_err(run_fp8(case, cache, is_decode=True), fp8_reference(case, cache)) < DECODE_TOL
+
+
 def test_fp8_attention_is_close_to_the_unquantised() -> None:
     """The scales are applied (and once): the FP8 kernel's output is within e4m3's rounding of
     attention over the float cache, where a lost or doubled scale would be off by orders."""

@@ -6,11 +6,11 @@ The decode kernel multiplies in float16, not bf16: e4m3 codes become float16 exa
 instruction a pair (`cvt.rn.f16x2.e4m3x2`), where bf16 took three (by way of f16), and float16
 keeps more of q, p and the codes than bf16 would. The query is clamped into float16's range, and
 p times the value scales is divided by the tile's largest value scale (kept in [0, 1]) and the
-product multiplied by it again in float32. The values' codes are converted by inline PTX, which
-Triton does not move behind the tile's trip into the dot's operand layout: moved there (as it moves
-a `.to`), the codes of one column, 64 bytes apart, were gathered a byte at a time from shared memory
-(`LDS.U8`; sm_90 SASS of the decode loop: 901 instructions a tile with bf16 products, 536 so,
-against 419 for a bf16 cache).
+product multiplied by it again in float32. The codes are converted by inline PTX, which Triton
+does not move behind the tile's trip into the dot's operand layout: moved there (as it moves a
+`.to`), the value codes of one column, 64 bytes apart, were gathered a byte at a time from shared
+memory (`LDS.U8`; sm_90 SASS of the decode loop: 901 instructions a tile with bf16 products, 536
+so, against 419 for a bf16 cache).
 
 The rounding is done here in float32, onto e4m3's grid, before the cast: the cast then only packs an
 exact value, which the GPU and Triton's CPU interpreter both do exactly (the interpreter's own
