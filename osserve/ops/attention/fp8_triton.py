@@ -78,7 +78,8 @@ def query_f16(q):  # noqa: ANN001
 @triton.jit
 def codes_f16(codes, ASM: tl.constexpr):  # noqa: ANN001
     """e4m3 codes as float16 (exact). ASM: by inline PTX, which stays where it is written (module
-    docstring); Triton's interpreter runs no PTX, so there (ASM False) by a cast."""
+    docstring): marked impure, which is what keeps Triton from moving it, though it has no side
+    effect. Triton's interpreter runs no PTX, so there (ASM False) by a cast."""
     if ASM:
         return tl.inline_asm_elementwise(
             "{ .reg .b16 lo, hi; mov.b32 {lo, hi}, $2; cvt.rn.f16x2.e4m3x2 $0, lo; cvt.rn.f16x2.e4m3x2 $1, hi; }",
