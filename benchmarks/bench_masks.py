@@ -41,7 +41,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.bench_structured import SCHEMA  # noqa: E402
 from osserve.structured import matchers  # noqa: E402
-from osserve.structured.grammar import bounded_answer, free_channels, grammar_text  # noqa: E402
 from osserve.structured.matchers import Grammars  # noqa: E402
 from osserve.structured.spec import StructuredOutputs, ToolSpec  # noqa: E402
 from osserve.tokenizer import load_tokenizer  # noqa: E402
@@ -122,11 +121,10 @@ def run(work: Workload, batch: int, steps: int, make: Callable[[], Grammars]) ->
     """Median ms a step of masks() (all rows, then each kind of row alone) and accept(), median us
     a row of each kind, and the mean number of rows of each kind in a step."""
     tokens, kinds = output_tokens(work)
-    grammar = grammar_text(work.spec, MAX_TOKENS)
-    assert grammar is not None
-    free = free_channels(work.spec, MAX_TOKENS)
-    bounded = bounded_answer(work.spec, MAX_TOKENS)  # as the engine starts it
     whole, split = make(), make()
+    prepared = whole.grammar_for(work.spec, MAX_TOKENS)  # as the engine starts a request
+    assert prepared is not None
+    grammar, free, bounded = prepared.text, prepared.free, prepared.bounded
     serial = 0
     pos: dict[str, int] = {}
 

@@ -24,7 +24,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from benchmarks.bench_structured import SCHEMA  # noqa: E402
 from osserve.config import preset  # noqa: E402
-from osserve.structured.grammar import bounded_answer, free_channels, grammar_text  # noqa: E402
 from osserve.structured.matchers import STOPPED, Grammars  # noqa: E402
 from osserve.structured.spec import StructuredOutputs  # noqa: E402
 
@@ -49,10 +48,10 @@ def main() -> None:
     args = ap.parse_args()
     vocab = preset("20b").vocab_size
     spec = StructuredOutputs(harmony=True, json_schema=SCHEMA)
-    text, free = grammar_text(spec, MAX_TOKENS), free_channels(spec, MAX_TOKENS)
-    bounded = bounded_answer(spec, MAX_TOKENS)
-    assert text is not None
     grammars = Grammars(vocab)
+    prepared = grammars.grammar_for(spec, MAX_TOKENS)  # as the engine starts a request
+    assert prepared is not None
+    text, free, bounded = prepared.text, prepared.free, prepared.bounded
     rng = np.random.default_rng(0)
     length: dict[str, int] = {}
     serial = 0

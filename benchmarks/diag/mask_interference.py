@@ -20,7 +20,6 @@ import time
 from dataclasses import dataclass
 
 from benchmarks.bench_masks import MAX_TOKENS, WORKLOADS, output_tokens
-from osserve.structured.grammar import bounded_answer, free_channels, grammar_text
 from osserve.structured.matchers import Grammars
 from osserve.tokenizer import load_tokenizer
 
@@ -49,10 +48,10 @@ def run(lanes: int, switch: float, steps: int, batch: int, rounds: int) -> dict[
     sys.setswitchinterval(switch)
     work = WORKLOADS[0]
     tokens, _ = output_tokens(work)
-    grammar = grammar_text(work.spec, MAX_TOKENS)
-    assert grammar is not None
-    free, bounded = free_channels(work.spec, MAX_TOKENS), bounded_answer(work.spec, MAX_TOKENS)
     g = Grammars(load_tokenizer().vocab_size, lanes=lanes)
+    prepared = g.grammar_for(work.spec, MAX_TOKENS)  # as the engine starts a request
+    assert prepared is not None
+    grammar, free, bounded = prepared.text, prepared.free, prepared.bounded
     pos: dict[str, int] = {}
     serial = 0
 
