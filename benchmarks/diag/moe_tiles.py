@@ -30,9 +30,11 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--tokens", default="20b:128,192,256,320,384;120b:256,384,512")
     parser.add_argument("--variants", default="16:1:4,32:1:3,32:2:3,64:1:3,64:2:3,64:1:2,32:2:4",
-                        help="token tile:gate/up tiles:ring depth, comma separated")
+                        help="token tile:gate/up tiles:ring depth[:r (ragged tiles: gluon.py's RAGGED)], comma "
+                             "separated")
     args = parser.parse_args()
-    variants = [tuple(int(p) for p in v.split(":")) for v in args.variants.split(",")]
+    variants = [(int(b), int(t), int(st), rest == ["r"]) for b, t, st, *rest in
+                (v.split(":") for v in args.variants.split(","))]
     props = torch.cuda.get_device_properties(0)
     print(f"GPU {props.name}, {props.multi_processor_count} SMs; torch {torch.__version__}", flush=True)
     rows = []
@@ -46,12 +48,12 @@ def main() -> None:
             x, w, ids, hit = timing_inputs(t, num_experts)
             ref = moe_reference(x.float(), w.float(), ids, originals[0], LIMIT)
             times = {"default": graph_time_us([partial(fused_moe_gluon, x, w, ids, p, LIMIT) for p in gluon])}
-            for bt, tiles, stages in variants:
-                err = rel_err(fused_moe_gluon(x, w, ids, gluon[0], LIMIT, bt, stages=stages, gate_up_tiles=tiles), ref)
-                assert err < 1e-2, (model, t, bt, tiles, stages, err)
-                times[f"bt{bt} x{tiles} st{stages}"] = graph_time_us(
-                    [partial(fused_moe_gluon, x, w, ids, p, LIMIT, bt, stages=stages, gate_up_tiles=tiles)
-                     for p in gluon])
+            for bt, tiles, stages, ragged in variants:
+                run = partial(fused_moe_gluon, block_t=bt, stages=stages, gate_up_tiles=tiles, ragged=ragged)
+                err = rel_err(run(x, w, ids, gluon[0], LIMIT), ref)
+                assert err < 1e-2, (model, t, bt, tiles, stages, ragged, err)
+                times[f"bt{bt} x{tiles} st{stages}{' r' * ragged}"] = graph_time_us(
+                    [partial(run, x, w, ids, p, LIMIT) for p in gluon])
             # Timed again last: the first timing of a row ran 2-4% under its explicit twin (2026-11-26).
             times["default again"] = graph_time_us([partial(fused_moe_gluon, x, w, ids, p, LIMIT) for p in gluon])
             counts = {bt: token_tiles(ids, num_experts, bt) for bt in (16, 32, 64)}

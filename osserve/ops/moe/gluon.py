@@ -5,13 +5,15 @@ slots its N; routing plan from moe/plan.py; split K at small grids; same epilogu
 in Gluon, where the register layouts are ours to state. The K loop (moe/gluon_loop.py) copies each
 step's weights, scales and activations into a shared-memory ring with cp.async and dequantises the
 weights into exactly the MMA's operand registers (at batch 1-2, moe/gluon_ws.py's loop instead: a
-copy warp fills the ring by TMA); here are the two GEMM kernels, their epilogues and their launch:
+copy warp fills the ring by TMA); their epilogues are moe/gluon_epilogues.py's. Here are the two
+GEMM kernels and their launch:
 - gate/up rows are paired (mxfp4_fragments.pair_eights), so each 64-row tile yields 32 finished
   SwiGLU columns: a program takes one tile (small batches: twice the programs) or two (one
   128-deep async MMA per tile per K step, the second tile's dequantisation overlapping the first's
   MMA);
 - the down GEMM applies bias and router weight and writes each slot's row (or K split's partial);
-  sum_experts (or the next add_rms_norm) adds a token's rows.
+  sum_experts (or the next add_rms_norm) adds a token's rows;
+- ragged token tiles: an expert's last tile whose second half holds no slot runs at half its rows.
 The Triton kernels leave the layouts to the compiler, which staged the weights through shared
 memory and waited on each of 2-8 MMAs per K step (NOTES-moe.md).
 """
@@ -24,6 +26,12 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 
 from osserve.ops.moe import swapped
+from osserve.ops.moe.gluon_epilogues import (
+    down_epilogue_inputs,
+    down_store,
+    gate_up_epilogue,
+    gate_up_epilogue_inputs,
+)
 from osserve.ops.moe.gluon_loop import BLOCK_K, WORD_LAYOUT, k_loop, weight_pointers
 from osserve.ops.moe.gluon_ws import MAX_REGISTERS, descriptors, k_loop_ws
 from osserve.ops.moe.plan import RoutingPlan, align_tokens
@@ -45,19 +53,24 @@ BLOCK_W = 64  # weight rows per program: one warpgroup MMA's M
 NUM_WARPS = 4
 
 
-# [BLOCK_T, 128] activation rows (the MMA's right operand before shared memory), and the [64 weight
-# rows, BLOCK_T] epilogue tile with the rows fastest (coalesced stores of act / y rows).
+# [BLOCK_T, 128] activation rows (the MMA's right operand before shared memory).
 X_LAYOUT = gl.constexpr(gl.BlockedLayout([1, 8], [2, 16], [4, 1], [1, 0]))
-OUT_LAYOUT = gl.constexpr(gl.BlockedLayout([1, 1], [32, 1], [4, 1], [0, 1]))
-OUT_LAYOUT_32 = gl.constexpr(gl.BlockedLayout([1, 1], [32, 1], [1, 4], [0, 1]))  # [32 act columns, BLOCK_T]
 
 
 @gluon.jit
-def _tile_setup(sorted_ptr, block_expert_ptr, pid_t, num_slots, BLOCK_T: gl.constexpr, layout: gl.constexpr):
-    expert = gl.load(block_expert_ptr + pid_t).to(gl.int64)
-    rows = pid_t * BLOCK_T + gl.arange(0, BLOCK_T, layout=layout)
+def _tile_rows(sorted_ptr, row0, num_slots, ROWS: gl.constexpr, layout: gl.constexpr):
+    """A token tile's plan rows row0.. (ROWS of them), their slots and which hold one."""
+    rows = row0 + gl.arange(0, ROWS, layout=layout)
     slot = gl.load(sorted_ptr + rows)
-    return expert, rows, slot, slot < num_slots
+    return rows, slot, slot < num_slots
+
+
+@gluon.jit
+def _second_half_empty(sorted_ptr, row0, num_slots, BLOCK_T: gl.constexpr):
+    """Whether the token tile at plan row row0 holds no slot past its first half. A plan segment
+    lists its expert's slots first and its padding after (moe/plan.py), so the row at the half
+    tells."""
+    return gl.load(sorted_ptr + row0 + BLOCK_T // 2) >= num_slots
 
 
 @gluon.jit
@@ -69,67 +82,41 @@ def _program(num_t_blocks, num_splits):
 
 
 @gluon.jit
-def _out_rows(row0, N, pid_t, ROWS: gl.constexpr, BLOCK_T: gl.constexpr, layout: gl.constexpr):
-    """The epilogue's output rows row0.. (ROWS of them), their mask, and the plan rows of the token tile."""
-    orow = row0 + gl.arange(0, ROWS, layout=gl.SliceLayout(1, layout))
-    prow = pid_t * BLOCK_T + gl.arange(0, BLOCK_T, layout=gl.SliceLayout(0, layout))
-    return orow, orow < N, prow
-
-
-@gluon.jit
 def _first_word_and_scale(expert, tile, stride_we, stride_wt, stride_se, stride_st):
     """Offsets of an expert's 64-row tile's first word and scale byte (tile-major, mxfp4/fragments.py)."""
     tile = tile.to(gl.int64)
     return (expert * stride_we + tile * stride_wt).to(gl.int32), (expert * stride_se + tile * stride_st).to(gl.int32)
 
 
-@gluon.jit
-def _split_pairs(acc, BLOCK_T: gl.constexpr):
-    """[64, BT] accumulator of paired rows (mxfp4_fragments.pair_eights: per 16 rows, 8 gates then
-    their 8 ups) -> gate, up [32, BT] in the 32-row output layout. Rows r and r + 8 of a warp's 16
-    are one thread's registers, so the split itself moves no data."""
-    t = gl.permute(gl.reshape(acc, [4, 2, 8, BLOCK_T]), [0, 2, 3, 1])  # [warp, g, token, half]
-    gate, up = gl.split(t)
-    gate = gl.convert_layout(gl.reshape(gate, [32, BLOCK_T]), OUT_LAYOUT_32)
-    up = gl.convert_layout(gl.reshape(up, [32, BLOCK_T]), OUT_LAYOUT_32)
-    return gate, up
-
-
-@gluon.jit
-def _gate_up_epilogue_inputs(tile, expert, pid_t, N, b_ptr, sorted_ptr, num_slots, stride_be, BLOCK_T: gl.constexpr,
-                             SPLIT: gl.constexpr):
-    """What _gate_up_epilogue reads besides the accumulator: tile `tile`'s 32 act columns and their mask,
-    the token tile's plan rows and which hold a slot, and (unsplit) the gate and up biases."""
-    col, c_ok, prow = _out_rows(tile * 32, N, pid_t, 32, BLOCK_T, OUT_LAYOUT_32)
-    p_ok = gl.load(sorted_ptr + prow) < num_slots
-    b_ok = c_ok & (not SPLIT)
-    bg = gl.load(b_ptr + expert * stride_be + col, mask=b_ok, other=0.0)
-    bu = gl.load(b_ptr + expert * stride_be + N + col, mask=b_ok, other=0.0)
-    return col, c_ok, prow, p_ok, bg, bu
-
-
-@gluon.jit
-def _gate_up_epilogue(acc, inputs, pid_s, N, limit, act_ptr, part_ptr, stride_am, stride_ps, stride_pm,
-                      BLOCK_T: gl.constexpr, SPLIT: gl.constexpr, ALPHA: gl.constexpr, UNSCALE: gl.constexpr):
-    """The 32 act columns of a 64-row tile (inputs: _gate_up_epilogue_inputs'): bias + clamped SwiGLU
-    into act, or with split K the float32 partial sums (gate at column c, up at N + c) for
-    _swiglu_splits_kernel."""
-    col, c_ok, prow, p_ok, bg, bu = inputs
-    gate, up = _split_pairs(acc * UNSCALE, BLOCK_T)
-    if SPLIT:
-        p_ptrs = part_ptr + pid_s.to(gl.int64) * stride_ps + prow[None, :].to(gl.int64) * stride_pm + col[:, None]
-        p_mask = c_ok[:, None] & p_ok[None, :]
-        gl.store(p_ptrs, gate, mask=p_mask)
-        gl.store(p_ptrs + N, up, mask=p_mask)
-    else:
-        gate = gl.minimum(gate + bg[:, None], limit)
-        up = gl.minimum(gl.maximum(up + bu[:, None], -limit), limit)
-        h = gate * (1.0 / (1.0 + gl.exp(-ALPHA * gate))) * (up + 1.0)  # moe.py's clamped SwiGLU
-        a_out = act_ptr + prow[None, :].to(gl.int64) * stride_am + col[:, None]
-        gl.store(a_out, h.to(act_ptr.dtype.element_ty), mask=c_ok[:, None] & (prow >= 0)[None, :])
-
-
 _PER_STEP = ["num_slots", "num_t_blocks", "num_splits"]
+
+
+@gluon.jit
+def _gate_up_rows(x_ptr, w_ptr, s_ptr, b_ptr, act_ptr, part_ptr, sorted_ptr, expert, row0, pid_s, pid_w,
+                  num_slots, N, K, k_per_split, limit, stride_xm, stride_we, stride_wt, stride_se, stride_st,
+                  stride_be, stride_am, stride_ps, stride_pm, TOP_K: gl.constexpr, ROWS: gl.constexpr,
+                  SPLIT: gl.constexpr, ALPHA: gl.constexpr, UNSCALE: gl.constexpr, STAGES: gl.constexpr,
+                  TILES: gl.constexpr):
+    """A gate/up program's work on ROWS plan rows from row0, by the cp.async K loop."""
+    rows, slot, row_ok = _tile_rows(sorted_ptr, row0, num_slots, ROWS, gl.SliceLayout(1, X_LAYOUT))
+    token = (slot // TOP_K).to(gl.int64)
+    kcol = gl.arange(0, BLOCK_K, layout=gl.SliceLayout(0, X_LAYOUT))
+    x_ptrs = x_ptr + token[:, None] * stride_xm + kcol[None, :]  # [ROWS, BK]
+    tile = pid_w * TILES
+    w_ptrs, s_ptrs, w_mask, word = weight_pointers(w_ptr, s_ptr, expert, tile, 2 * N, stride_we, stride_wt,
+                                                    stride_se, stride_st, WORD_LAYOUT)
+    k_start = pid_s * k_per_split
+    k_end = gl.minimum(K, k_start + k_per_split)
+    acc_a, acc_b = k_loop(w_ptrs, s_ptrs, stride_wt, stride_st, x_ptrs, row_ok[:, None], w_mask, word,
+                          kcol, k_start, k_end, K, ROWS, TILES == 2, STAGES, False)
+    inputs_a = gate_up_epilogue_inputs(tile, expert, row0, N, b_ptr, sorted_ptr, num_slots, stride_be, ROWS, SPLIT)
+    gate_up_epilogue(acc_a, inputs_a, pid_s, N, limit, act_ptr, part_ptr, stride_am, stride_ps, stride_pm, ROWS,
+                      SPLIT, ALPHA, UNSCALE)
+    if TILES == 2:
+        inputs_b = gate_up_epilogue_inputs(tile + 1, expert, row0, N, b_ptr, sorted_ptr, num_slots, stride_be, ROWS,
+                                            SPLIT)
+        gate_up_epilogue(acc_b, inputs_b, pid_s, N, limit, act_ptr, part_ptr, stride_am, stride_ps, stride_pm, ROWS,
+                          SPLIT, ALPHA, UNSCALE)
 
 
 @gluon.jit(do_not_specialize=_PER_STEP)
@@ -140,46 +127,60 @@ def _gate_up_kernel(
     num_slots, N, K, num_t_blocks, num_splits, k_per_split, limit,
     stride_xm, stride_we, stride_wt, stride_se, stride_st, stride_be, stride_am, stride_ps, stride_pm,
     TOP_K: gl.constexpr, BLOCK_T: gl.constexpr, SPLIT: gl.constexpr, ALPHA: gl.constexpr, UNSCALE: gl.constexpr,
-    STAGES: gl.constexpr, TILES: gl.constexpr, PDL: gl.constexpr, WS: gl.constexpr,
+    STAGES: gl.constexpr, TILES: gl.constexpr, PDL: gl.constexpr, WS: gl.constexpr, RAGGED: gl.constexpr,
 ):
     """w's rows are paired (mxfp4_fragments.pair_eights): a 64-row tile is 32 columns' gate and up.
     A program takes TILES (1 or 2) consecutive tiles: 2 shares each activation step between two
     MMAs, 1 makes twice the programs (batch 1: 360 instead of 180 for 132 SMs). WS: the K loop with
-    a copy warp (moe/gluon_ws.py; one tile)."""
+    a copy warp (moe/gluon_ws.py; one tile). RAGGED: a token tile whose second half holds no slot
+    (an expert's last tile) runs as a tile of half the rows: half the MMA work and activation copies."""
     pdl_enter_gluon(PDL)
     pid_t, pid_s, pid_w = _program(num_t_blocks, num_splits)
-    if pid_t * BLOCK_T >= gl.load(num_padded_ptr):
+    row0 = pid_t * BLOCK_T
+    if row0 >= gl.load(num_padded_ptr):
         return
-    expert, rows, slot, row_ok = _tile_setup(sorted_ptr, block_expert_ptr, pid_t, num_slots, BLOCK_T,
-                                             gl.SliceLayout(1, X_LAYOUT))
-    token = (slot // TOP_K).to(gl.int64)
+    expert = gl.load(block_expert_ptr + pid_t).to(gl.int64)
+    if WS:
+        # Few token columns: the epilogue's inputs are read now, not in a round trip after the K loop.
+        tile = pid_w * TILES
+        inputs_a = gate_up_epilogue_inputs(tile, expert, row0, N, b_ptr, sorted_ptr, num_slots, stride_be, BLOCK_T,
+                                            SPLIT)
+        word0, scale0 = _first_word_and_scale(expert, tile, stride_we, stride_wt, stride_se, stride_st)
+        acc = k_loop_ws(w_desc, t_desc, s_desc, word0, scale0, x_ptr, stride_xm, sorted_ptr, pid_t, num_slots,
+                        pid_s * k_per_split, gl.minimum(K, (pid_s + 1) * k_per_split), K, BLOCK_T, TOP_K, STAGES,
+                        False)
+        gate_up_epilogue(acc, inputs_a, pid_s, N, limit, act_ptr, part_ptr, stride_am, stride_ps, stride_pm, BLOCK_T,
+                          SPLIT, ALPHA, UNSCALE)
+    elif RAGGED and _second_half_empty(sorted_ptr, row0, num_slots, BLOCK_T):
+        _gate_up_rows(x_ptr, w_ptr, s_ptr, b_ptr, act_ptr, part_ptr, sorted_ptr, expert, row0, pid_s, pid_w,
+                      num_slots, N, K, k_per_split, limit, stride_xm, stride_we, stride_wt, stride_se, stride_st,
+                      stride_be, stride_am, stride_ps, stride_pm, TOP_K, BLOCK_T // 2, SPLIT, ALPHA, UNSCALE, STAGES,
+                      TILES)
+    else:
+        _gate_up_rows(x_ptr, w_ptr, s_ptr, b_ptr, act_ptr, part_ptr, sorted_ptr, expert, row0, pid_s, pid_w,
+                      num_slots, N, K, k_per_split, limit, stride_xm, stride_we, stride_wt, stride_se, stride_st,
+                      stride_be, stride_am, stride_ps, stride_pm, TOP_K, BLOCK_T, SPLIT, ALPHA, UNSCALE, STAGES,
+                      TILES)
+
+
+@gluon.jit
+def _down_rows(act_ptr, w_ptr, s_ptr, b_ptr, y_ptr, topk_w_ptr, sorted_ptr, expert, row0, pid_s, pid_w,
+               num_slots, N, K, k_per_split, stride_am, stride_we, stride_wt, stride_se, stride_st, stride_be,
+               stride_ys, stride_ym, ROWS: gl.constexpr, UNSCALE: gl.constexpr, STAGES: gl.constexpr,
+               PDL: gl.constexpr):
+    """A down program's work on ROWS plan rows from row0, by the cp.async K loop."""
+    rows, slot, row_ok = _tile_rows(sorted_ptr, row0, num_slots, ROWS, gl.SliceLayout(1, X_LAYOUT))
     kcol = gl.arange(0, BLOCK_K, layout=gl.SliceLayout(0, X_LAYOUT))
-    x_ptrs = x_ptr + token[:, None] * stride_xm + kcol[None, :]  # [BT, BK]
-    tile = pid_w * TILES
-    w_ptrs, s_ptrs, w_mask, word = weight_pointers(w_ptr, s_ptr, expert, tile, 2 * N, stride_we, stride_wt,
+    x_ptrs = act_ptr + rows[:, None].to(gl.int64) * stride_am + kcol[None, :]  # plan rows, sorted order
+    w_ptrs, s_ptrs, w_mask, word = weight_pointers(w_ptr, s_ptr, expert, pid_w, N, stride_we, stride_wt,
                                                     stride_se, stride_st, WORD_LAYOUT)
     k_start = pid_s * k_per_split
     k_end = gl.minimum(K, k_start + k_per_split)
-    if WS:
-        # Few token columns: the epilogue's inputs are read now, not in a round trip after the K loop.
-        inputs_a = _gate_up_epilogue_inputs(tile, expert, pid_t, N, b_ptr, sorted_ptr, num_slots, stride_be, BLOCK_T,
-                                            SPLIT)
-        word0, scale0 = _first_word_and_scale(expert, tile, stride_we, stride_wt, stride_se, stride_st)
-        acc_a = k_loop_ws(w_desc, t_desc, s_desc, word0, scale0, x_ptr, stride_xm, sorted_ptr, pid_t, num_slots,
-                          k_start, k_end, K, BLOCK_T, TOP_K, STAGES, False)
-        acc_b = acc_a
-    else:
-        acc_a, acc_b = k_loop(w_ptrs, s_ptrs, stride_wt, stride_st, x_ptrs, row_ok[:, None], w_mask, word,
-                               kcol, k_start, k_end, K, BLOCK_T, TILES == 2, STAGES, False)
-        inputs_a = _gate_up_epilogue_inputs(tile, expert, pid_t, N, b_ptr, sorted_ptr, num_slots, stride_be, BLOCK_T,
-                                            SPLIT)
-    _gate_up_epilogue(acc_a, inputs_a, pid_s, N, limit, act_ptr, part_ptr, stride_am, stride_ps, stride_pm, BLOCK_T,
-                      SPLIT, ALPHA, UNSCALE)
-    if TILES == 2:
-        inputs_b = _gate_up_epilogue_inputs(tile + 1, expert, pid_t, N, b_ptr, sorted_ptr, num_slots, stride_be,
-                                            BLOCK_T, SPLIT)
-        _gate_up_epilogue(acc_b, inputs_b, pid_s, N, limit, act_ptr, part_ptr, stride_am, stride_ps, stride_pm,
-                          BLOCK_T, SPLIT, ALPHA, UNSCALE)
+    acc, _ = k_loop(w_ptrs, s_ptrs, 0, 0, x_ptrs, row_ok[:, None], w_mask, word, kcol, k_start, k_end, K,
+                    ROWS, False, STAGES, PDL)
+    inputs = down_epilogue_inputs(pid_w, pid_s, row0, expert, N, b_ptr, topk_w_ptr, sorted_ptr, num_slots,
+                                   stride_be, ROWS)
+    down_store(acc, inputs, pid_s, y_ptr, stride_ys, stride_ym, UNSCALE)
 
 
 @gluon.jit(do_not_specialize=_PER_STEP)
@@ -190,53 +191,34 @@ def _down_kernel(
     num_slots, N, K, num_t_blocks, num_splits, k_per_split,
     stride_am, stride_we, stride_wt, stride_se, stride_st, stride_be, stride_ys, stride_ym,
     BLOCK_T: gl.constexpr, UNSCALE: gl.constexpr, STAGES: gl.constexpr, PDL: gl.constexpr, WS: gl.constexpr,
+    RAGGED: gl.constexpr,
 ):
     """With PDL the wait for the gate/up kernel is in the K loop, after its first weight copies. The
     routing plan read before it comes from the kernel before gate/up (the router or the plan's own
-    launch), which gate/up waited for before it let this kernel launch (ops/pdl.py)."""
+    launch), which gate/up waited for before it let this kernel launch (ops/pdl.py). RAGGED: as
+    _gate_up_kernel's (the same tiles run at half their rows in both)."""
     pid_t, pid_s, pid_w = _program(num_t_blocks, num_splits)
-    if pid_t * BLOCK_T >= gl.load(num_padded_ptr):
+    row0 = pid_t * BLOCK_T
+    if row0 >= gl.load(num_padded_ptr):
         return
-    expert, rows, slot, row_ok = _tile_setup(sorted_ptr, block_expert_ptr, pid_t, num_slots, BLOCK_T,
-                                             gl.SliceLayout(1, X_LAYOUT))
-    kcol = gl.arange(0, BLOCK_K, layout=gl.SliceLayout(0, X_LAYOUT))
-    x_ptrs = act_ptr + rows[:, None].to(gl.int64) * stride_am + kcol[None, :]  # plan rows, sorted order
-    w_ptrs, s_ptrs, w_mask, word = weight_pointers(w_ptr, s_ptr, expert, pid_w, N, stride_we, stride_wt,
-                                                    stride_se, stride_st, WORD_LAYOUT)
-    k_start = pid_s * k_per_split
-    k_end = gl.minimum(K, k_start + k_per_split)
+    expert = gl.load(block_expert_ptr + pid_t).to(gl.int64)
     if WS:
         # Few token columns: the epilogue's inputs are read now, not on the K loop's far side (two
         # dependent round trips there: the slots, then their router weights).
-        inputs = _down_epilogue_inputs(pid_w, pid_s, pid_t, expert, N, b_ptr, topk_w_ptr, sorted_ptr, num_slots,
+        inputs = down_epilogue_inputs(pid_w, pid_s, row0, expert, N, b_ptr, topk_w_ptr, sorted_ptr, num_slots,
                                        stride_be, BLOCK_T)
         word0, scale0 = _first_word_and_scale(expert, pid_w, stride_we, stride_wt, stride_se, stride_st)
         acc = k_loop_ws(w_desc, t_desc, s_desc, word0, scale0, act_ptr, stride_am, sorted_ptr, pid_t, num_slots,
-                        k_start, k_end, K, BLOCK_T, 0, STAGES, PDL)
+                        pid_s * k_per_split, gl.minimum(K, (pid_s + 1) * k_per_split), K, BLOCK_T, 0, STAGES, PDL)
+        down_store(acc, inputs, pid_s, y_ptr, stride_ys, stride_ym, UNSCALE)
+    elif RAGGED and _second_half_empty(sorted_ptr, row0, num_slots, BLOCK_T):
+        _down_rows(act_ptr, w_ptr, s_ptr, b_ptr, y_ptr, topk_w_ptr, sorted_ptr, expert, row0, pid_s, pid_w,
+                   num_slots, N, K, k_per_split, stride_am, stride_we, stride_wt, stride_se, stride_st, stride_be,
+                   stride_ys, stride_ym, BLOCK_T // 2, UNSCALE, STAGES, PDL)
     else:
-        acc, _ = k_loop(w_ptrs, s_ptrs, 0, 0, x_ptrs, row_ok[:, None], w_mask, word, kcol, k_start, k_end, K,
-                         BLOCK_T, False, STAGES, PDL)
-        inputs = _down_epilogue_inputs(pid_w, pid_s, pid_t, expert, N, b_ptr, topk_w_ptr, sorted_ptr, num_slots,
-                                       stride_be, BLOCK_T)
-
-    acc = gl.convert_layout(acc, OUT_LAYOUT)
-    orow, o_ok, prow, pslot, p_ok, bias, gate_w = inputs
-    out = (acc * UNSCALE + bias[:, None]) * gate_w[None, :]
-    y_ptrs = y_ptr + pid_s.to(gl.int64) * stride_ys + pslot[None, :].to(gl.int64) * stride_ym + orow[:, None]
-    gl.store(y_ptrs, out.to(y_ptr.dtype.element_ty), mask=o_ok[:, None] & p_ok[None, :])
-
-
-@gluon.jit
-def _down_epilogue_inputs(pid_w, pid_s, pid_t, expert, N, b_ptr, topk_w_ptr, sorted_ptr, num_slots, stride_be,
-                          BLOCK_T: gl.constexpr):
-    """The down epilogue's output rows and plan rows, each plan row's slot, the bias (first K split only)
-    and each slot's router weight, in OUT_LAYOUT."""
-    orow, o_ok, prow = _out_rows(pid_w * 64, N, pid_t, 64, BLOCK_T, OUT_LAYOUT)
-    pslot = gl.load(sorted_ptr + prow)
-    p_ok = pslot < num_slots
-    bias = gl.load(b_ptr + expert * stride_be + orow, mask=o_ok & (pid_s == 0), other=0.0)
-    gate_w = gl.load(topk_w_ptr + pslot, mask=p_ok, other=0.0).to(gl.float32)
-    return orow, o_ok, prow, pslot, p_ok, bias, gate_w
+        _down_rows(act_ptr, w_ptr, s_ptr, b_ptr, y_ptr, topk_w_ptr, sorted_ptr, expert, row0, pid_s, pid_w,
+                   num_slots, N, K, k_per_split, stride_am, stride_we, stride_wt, stride_se, stride_st, stride_be,
+                   stride_ys, stride_ym, BLOCK_T, UNSCALE, STAGES, PDL)
 
 
 def supported(device: torch.device, hidden: int, intermediate: int) -> bool:
@@ -274,6 +256,13 @@ GATE_UP_TILES_BY_BLOCK_T = {8: 1, 16: 1, 32: 2, 64: 2}
 WS_BLOCK_T = (8, 16)
 WS_PROGRAMS_PER_SM = 8
 COPY_WARP = True  # the switch bench_decode.py --ab copy-warp flips; read at launch
+# Ragged token tiles (the kernels' RAGGED): an expert's last tile whose second half holds no slot runs
+# at half its rows, so the experts just over a tile's worth do not pay a full second tile. H100,
+# benchmarks/diag/moe_tiles.py (uniform routing, µs a layer, plain / ragged, 2026-11-26): 32-token
+# tiles, 120b T=384 764.8 / 704.1, T=512 785.5 / 745.6, T=256 733.0 / 676.0, 20b T=256 273.4 /
+# 267.5, T=128-192 level; 64-token tiles, 20b T=128 298.9 / 226.0, T=256 302.3 / 272.6, T=320-2304
+# level (their last tiles hold more than 32 slots).
+RAGGED_BLOCK_T: tuple[int, ...] = (32, 64)
 
 
 def fused_moe_gluon(
@@ -290,6 +279,7 @@ def fused_moe_gluon(
     reduce: bool = True,
     plan: RoutingPlan | None = None,
     ws: bool | None = None,
+    ragged: bool | None = None,
 ) -> torch.Tensor:
     """x [T, H] bf16 -> [T, H] (or unreduced: swapped.expert_rows); same function as
     moe_reference, on experts prepared with fragments=True. Host-sync free, CUDA-graph capturable.
@@ -297,11 +287,13 @@ def fused_moe_gluon(
     defaults: PROGRAMS_PER_SM and DOWN_PROGRAMS_PER_SM per SM. gate_up_tiles: 64-row tiles per
     gate/up program (1 or 2; default by token tile, GATE_UP_TILES_BY_BLOCK_T). plan: topk_ids'
     routing plan for this batch's token tile, if the router built it (else one is built here). ws: the
-    K loops with a copy warp (moe/gluon_ws.py; default: WS_BLOCK_T tiles at small grids)."""
+    K loops with a copy warp (moe/gluon_ws.py; default: WS_BLOCK_T tiles at small grids). ragged: an
+expert's last token tile runs at half its rows where its second half holds no slot (default: the
+RAGGED_BLOCK_T tiles)."""
     if x.shape[0] > MAX_TOKENS:  # swapped.py's bound: larger batches run in chunks of that many tokens
         return torch.cat([fused_moe_gluon(x[i:i + MAX_TOKENS], topk_weights[i:i + MAX_TOKENS],
                                           topk_ids[i:i + MAX_TOKENS], prepared, swiglu_limit, block_t, min_programs,
-                                          stages, down_min_programs, gate_up_tiles, ws=ws)
+                                          stages, down_min_programs, gate_up_tiles, ws=ws, ragged=ragged)
                           for i in range(0, x.shape[0], MAX_TOKENS)])
     assert prepared.fragments, "experts were not prepared in the fragment layout"
     num_tokens, hidden = x.shape
@@ -331,6 +323,7 @@ def fused_moe_gluon(
     if ws is None:
         ws = COPY_WARP and bt in WS_BLOCK_T and used_t_blocks * w_blocks1 <= WS_PROGRAMS_PER_SM * sms
     ws_up = ws and gate_up_tiles == 1
+    ragged = (bt in RAGGED_BLOCK_T if ragged is None else ragged) and not ws and bt >= 16
     d1 = d2 = (None, None, None)
     if ws:
         if not prepared.descriptors:
@@ -344,7 +337,7 @@ def fused_moe_gluon(
         x.stride(0), w1.stride(0), w1.stride(1), s1.stride(0), s1.stride(1), b1.stride(0), act.stride(0),
         part.stride(0), part.stride(1),
         TOP_K=top_k, BLOCK_T=bt, SPLIT=splits1 > 1, ALPHA=SWIGLU_ALPHA, UNSCALE=UNSCALE, STAGES=stages,
-        TILES=gate_up_tiles, PDL=pdl, WS=ws_up, num_warps=NUM_WARPS, launch_pdl=pdl,
+        TILES=gate_up_tiles, PDL=pdl, WS=ws_up, RAGGED=ragged, num_warps=NUM_WARPS, launch_pdl=pdl,
         maxnreg=MAX_REGISTERS if ws_up else None,
     )
     if splits1 > 1:
@@ -360,7 +353,8 @@ def fused_moe_gluon(
         act, w2, s2, *d2, b2, y, topk_w, plan.sorted_slots, plan.block_expert, plan.num_padded,
         num_slots, hidden, inter, tb, splits2, per_split2,
         act.stride(0), w2.stride(0), w2.stride(1), s2.stride(0), s2.stride(1), b2.stride(0), y.stride(0),
-        y.stride(1), BLOCK_T=bt, UNSCALE=UNSCALE, STAGES=stages, PDL=pdl, WS=ws, num_warps=NUM_WARPS, launch_pdl=pdl,
+        y.stride(1), BLOCK_T=bt, UNSCALE=UNSCALE, STAGES=stages, PDL=pdl, WS=ws, RAGGED=ragged, num_warps=NUM_WARPS,
+        launch_pdl=pdl,
         maxnreg=MAX_REGISTERS if ws else None,
     )
     return expert_rows(y, num_tokens, top_k, x.dtype, reduce)
