@@ -69,7 +69,7 @@ class Compiled:
     target: str
     ok: bool
     registers: int = 0
-    spilled: int = 0  # local memory a thread uses (register spills), bytes
+    spilled: int = 0  # stack and local memory a thread uses (register spills), bytes
     shared: int = 0  # dynamic shared memory a block needs, bytes
     shared_limit: int = 0
     error: str = ""
@@ -198,6 +198,7 @@ def router(sms: int) -> None:
 def linear_and_head(sms: int) -> None:
     from osserve.ops.linear.head_triton import HostIds, logits_and_greedy_triton
     from osserve.ops.linear.small_m_triton import small_m_linear_triton, unreduced_splits
+    from osserve.ops.sampling.bitmask_triton import apply_token_bitmask_triton
     from osserve.ops.sampling.gumbel_triton import gumbel_argmax_triton
 
     qkv, o = torch.empty(5120, H, dtype=BF16), torch.empty(H, HEADS * HEAD_DIM, dtype=BF16)
@@ -211,6 +212,9 @@ def linear_and_head(sms: int) -> None:
         logits_and_greedy_triton(torch.empty(t, H, dtype=BF16), head)
         gumbel_argmax_triton(torch.empty(t, VOCAB), torch.ones(t), torch.zeros(t, dtype=torch.int64),
                              num_splits=triton.cdiv(4 * sms, t))
+        # a grammar's token mask (structured outputs) on the rows that have one
+        apply_token_bitmask_triton(torch.empty(t, VOCAB), torch.arange(t, dtype=torch.int32),
+                                   torch.zeros(t, triton.cdiv(VOCAB, 32), dtype=torch.int32))
 
 
 def moe(sms: int) -> None:
@@ -303,16 +307,17 @@ def bind(launch: Launch, target: GPUTarget) -> tuple[ASTSource, dict, str]:
 
 
 def resources(cubin: bytes, name: str) -> tuple[int, int]:
-    """(registers, local bytes) of `name` in a cubin, by the cuobjdump Triton ships."""
+    """(registers, spilled bytes) of `name` in a cubin, by the cuobjdump Triton ships. ptxas puts register
+    spills in the thread's stack frame (STACK; LOCAL stays 0 for them), so both count."""
     tool = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(cubin)
         f.flush()
         out = subprocess.run([str(tool), "--dump-resource-usage", f.name], capture_output=True, text=True,
                              check=True).stdout
-    m = re.search(rf"Function {re.escape(name)}:\s*REG:(\d+) STACK:\d+ SHARED:\d+ LOCAL:(\d+)", out)
+    m = re.search(rf"Function {re.escape(name)}:\s*REG:(\d+) STACK:(\d+) SHARED:\d+ LOCAL:(\d+)", out)
     assert m, out
-    return int(m.group(1)), int(m.group(2))
+    return int(m.group(1)), int(m.group(2)) + int(m.group(3))
 
 
 _JOBS: list[tuple[Launch, str, str]] = []  # (launch, scenarios, target): the forked workers read it

@@ -39,7 +39,8 @@ def record(t: int, block_t: int, tiles: int, num_experts: int, extra: dict[str, 
     original, properties = JITFunction.run, torch.cuda.get_device_properties
 
     def catch(self: JITFunction, *args: Any, grid: Any, warmup: bool, **kwargs: Any) -> None:
-        launches.append(Launch(f"T={t} bt={block_t} x{tiles}{' ragged' * bool(extra.get('ragged'))}", self,
+        launches.append(Launch(f"T={t} bt={block_t} x{tiles}{' ragged' * bool(extra.get('ragged'))}"
+                               f"{' caps ' + str(extra['max_registers']) if 'max_registers' in extra else ''}", self,
                                args, kwargs))
 
     JITFunction.run = catch  # type: ignore[method-assign]
@@ -63,13 +64,18 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=256)
     parser.add_argument("--experts", type=int, default=32)
     parser.add_argument("--variants", default="32:2,64:2,64:2:r",
-                        help="token tile:gate/up tiles[:r (ragged tiles)], comma separated")
+                        help="token tile:gate/up tiles, then optionally :r (ragged tiles), :gN / :dN (gate/up / "
+                             "down register caps), comma separated")
     parser.add_argument("--sass", default=None, help="write each kernel's SASS into this folder")
     args = parser.parse_args()
     print(f"Triton {triton.__version__}, target sm_90")
     for variant in args.variants.split(","):
         block_t, tiles, *flags = variant.split(":")
-        for launch in record(args.tokens, int(block_t), int(tiles), args.experts, {"ragged": flags == ["r"]}):
+        extra: dict[str, Any] = {"ragged": "r" in flags}
+        caps = {f[0]: int(f[1:]) for f in flags if f[0] in "gd"}
+        if caps:
+            extra["max_registers"] = (caps.get("g"), caps.get("d"))
+        for launch in record(args.tokens, int(block_t), int(tiles), args.experts, extra):
             src, options, _ = bind(launch, TARGET)
             src = GluonASTSource(src.fn, src.signature, {k: v for k, v in src.constants.items()}, src.attrs)
             with contextlib.redirect_stdout(io.StringIO()):

@@ -26,15 +26,24 @@ def token_tiles(ids: torch.Tensor, num_experts: int, bt: int) -> int:
     return int(((counts + bt - 1) // bt).sum())
 
 
+def variant(spec: str) -> tuple[str, dict]:
+    """"bt:tiles:stages[:r][:gN][:dN]" -> (its column name, fused_moe_gluon's keyword arguments)."""
+    bt, tiles, stages, *flags = spec.split(":")
+    caps = {f[0]: int(f[1:]) for f in flags if f[0] in "gd"}
+    kwargs = {"block_t": int(bt), "gate_up_tiles": int(tiles), "stages": int(stages), "ragged": "r" in flags}
+    if caps:
+        kwargs["max_registers"] = (caps.get("g"), caps.get("d"))
+    return f"bt{bt} x{tiles} st{stages}" + "".join(f" {f}" for f in flags), kwargs
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--tokens", default="20b:128,192,256,320,384;120b:256,384,512")
     parser.add_argument("--variants", default="16:1:4,32:1:3,32:2:3,64:1:3,64:2:3,64:1:2,32:2:4",
-                        help="token tile:gate/up tiles:ring depth[:r (ragged tiles: gluon.py's RAGGED)], comma "
-                             "separated")
+                        help="token tile:gate/up tiles:ring depth, then optionally :r (ragged tiles: gluon.py's "
+                             "RAGGED), :gN / :dN (gate/up / down register caps), comma separated")
     args = parser.parse_args()
-    variants = [(int(b), int(t), int(st), rest == ["r"]) for b, t, st, *rest in
-                (v.split(":") for v in args.variants.split(","))]
+    variants = [variant(v) for v in args.variants.split(",")]
     props = torch.cuda.get_device_properties(0)
     print(f"GPU {props.name}, {props.multi_processor_count} SMs; torch {torch.__version__}", flush=True)
     rows = []
@@ -48,12 +57,11 @@ def main() -> None:
             x, w, ids, hit = timing_inputs(t, num_experts)
             ref = moe_reference(x.float(), w.float(), ids, originals[0], LIMIT)
             times = {"default": graph_time_us([partial(fused_moe_gluon, x, w, ids, p, LIMIT) for p in gluon])}
-            for bt, tiles, stages, ragged in variants:
-                run = partial(fused_moe_gluon, block_t=bt, stages=stages, gate_up_tiles=tiles, ragged=ragged)
+            for name, kwargs in variants:
+                run = partial(fused_moe_gluon, **kwargs)
                 err = rel_err(run(x, w, ids, gluon[0], LIMIT), ref)
-                assert err < 1e-2, (model, t, bt, tiles, stages, ragged, err)
-                times[f"bt{bt} x{tiles} st{stages}{' r' * ragged}"] = graph_time_us(
-                    [partial(run, x, w, ids, p, LIMIT) for p in gluon])
+                assert err < 1e-2, (model, t, name, err)
+                times[name] = graph_time_us([partial(run, x, w, ids, p, LIMIT) for p in gluon])
             # Timed again last: the first timing of a row ran 2-4% under its explicit twin (2026-11-26).
             times["default again"] = graph_time_us([partial(fused_moe_gluon, x, w, ids, p, LIMIT) for p in gluon])
             counts = {bt: token_tiles(ids, num_experts, bt) for bt in (16, 32, 64)}

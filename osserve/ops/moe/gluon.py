@@ -263,6 +263,15 @@ COPY_WARP = True  # the switch bench_decode.py --ab copy-warp flips; read at lau
 # 267.5, T=128-192 level; 64-token tiles, 20b T=128 298.9 / 226.0, T=256 302.3 / 272.6, T=320-2304
 # level (their last tiles hold more than 32 slots).
 RAGGED_BLOCK_T: tuple[int, ...] = (32, 64)
+# Register caps (ptxas' maxnreg) of the cp.async kernels by token tile, (gate/up, down): None lets
+# ptxas choose. Registers decide how many programs an SM holds (65,536 / (128 x registers));
+# benchmarks/diag/gluon_resources.py prints both and the spills. The 64-token down GEMM takes 174
+# registers uncapped (2 programs an SM), 168 capped (3; 8 bytes of stack). H100, moe_tiles.py, µs a
+# layer, uncapped / capped (2026-11-26): 20b T=320 305.1 / 292.0, T=384 311.6 / 298.5, T=2304 1647.2 /
+# 1553.1 (the default then: 1569.5). Not kept: down at 32-token tiles capped at 100 (103 -> 99
+# registers, 4 -> 5 programs an SM: level), gate/up capped at 128 (32-token) or 168 (64-token; with
+# 3 stages shared memory still allows only 2 programs an SM): 10-40% slower, they spill.
+MAX_REGISTERS_BY_BLOCK_T: dict[int, tuple[int | None, int | None]] = {64: (None, 168)}
 
 
 def fused_moe_gluon(
@@ -280,6 +289,7 @@ def fused_moe_gluon(
     plan: RoutingPlan | None = None,
     ws: bool | None = None,
     ragged: bool | None = None,
+    max_registers: tuple[int | None, int | None] | None = None,
 ) -> torch.Tensor:
     """x [T, H] bf16 -> [T, H] (or unreduced: swapped.expert_rows); same function as
     moe_reference, on experts prepared with fragments=True. Host-sync free, CUDA-graph capturable.
@@ -289,11 +299,13 @@ def fused_moe_gluon(
     routing plan for this batch's token tile, if the router built it (else one is built here). ws: the
     K loops with a copy warp (moe/gluon_ws.py; default: WS_BLOCK_T tiles at small grids). ragged: an
 expert's last token tile runs at half its rows where its second half holds no slot (default: the
-RAGGED_BLOCK_T tiles)."""
+RAGGED_BLOCK_T tiles). max_registers: the (gate/up, down) register caps of the cp.async kernels
+(default: MAX_REGISTERS_BY_BLOCK_T)."""
     if x.shape[0] > MAX_TOKENS:  # swapped.py's bound: larger batches run in chunks of that many tokens
         return torch.cat([fused_moe_gluon(x[i:i + MAX_TOKENS], topk_weights[i:i + MAX_TOKENS],
                                           topk_ids[i:i + MAX_TOKENS], prepared, swiglu_limit, block_t, min_programs,
-                                          stages, down_min_programs, gate_up_tiles, ws=ws, ragged=ragged)
+                                          stages, down_min_programs, gate_up_tiles, ws=ws, ragged=ragged,
+                                          max_registers=max_registers)
                           for i in range(0, x.shape[0], MAX_TOKENS)])
     assert prepared.fragments, "experts were not prepared in the fragment layout"
     num_tokens, hidden = x.shape
@@ -324,6 +336,7 @@ RAGGED_BLOCK_T tiles)."""
         ws = COPY_WARP and bt in WS_BLOCK_T and used_t_blocks * w_blocks1 <= WS_PROGRAMS_PER_SM * sms
     ws_up = ws and gate_up_tiles == 1
     ragged = (bt in RAGGED_BLOCK_T if ragged is None else ragged) and not ws and bt >= 16
+    cap_up, cap_down = MAX_REGISTERS_BY_BLOCK_T.get(bt, (None, None)) if max_registers is None else max_registers
     d1 = d2 = (None, None, None)
     if ws:
         if not prepared.descriptors:
@@ -338,7 +351,7 @@ RAGGED_BLOCK_T tiles)."""
         part.stride(0), part.stride(1),
         TOP_K=top_k, BLOCK_T=bt, SPLIT=splits1 > 1, ALPHA=SWIGLU_ALPHA, UNSCALE=UNSCALE, STAGES=stages,
         TILES=gate_up_tiles, PDL=pdl, WS=ws_up, RAGGED=ragged, num_warps=NUM_WARPS, launch_pdl=pdl,
-        maxnreg=MAX_REGISTERS if ws_up else None,
+        maxnreg=MAX_REGISTERS if ws_up else cap_up,
     )
     if splits1 > 1:
         _swiglu_splits_kernel[(tb, triton.cdiv(inter, SWIGLU_BLOCK_N))](
@@ -355,7 +368,7 @@ RAGGED_BLOCK_T tiles)."""
         act.stride(0), w2.stride(0), w2.stride(1), s2.stride(0), s2.stride(1), b2.stride(0), y.stride(0),
         y.stride(1), BLOCK_T=bt, UNSCALE=UNSCALE, STAGES=stages, PDL=pdl, WS=ws, RAGGED=ragged, num_warps=NUM_WARPS,
         launch_pdl=pdl,
-        maxnreg=MAX_REGISTERS if ws else None,
+        maxnreg=MAX_REGISTERS if ws else cap_down,
     )
     return expert_rows(y, num_tokens, top_k, x.dtype, reduce)
 
