@@ -111,12 +111,12 @@ def _gate_up_rows(x_ptr, w_ptr, s_ptr, b_ptr, act_ptr, part_ptr, sorted_ptr, exp
                           kcol, k_start, k_end, K, ROWS, TILES == 2, STAGES, False)
     inputs_a = gate_up_epilogue_inputs(tile, expert, row0, N, b_ptr, sorted_ptr, num_slots, stride_be, ROWS, SPLIT)
     gate_up_epilogue(acc_a, inputs_a, pid_s, N, limit, act_ptr, part_ptr, stride_am, stride_ps, stride_pm, ROWS,
-                      SPLIT, ALPHA, UNSCALE)
+                     SPLIT, ALPHA, UNSCALE)
     if TILES == 2:
         inputs_b = gate_up_epilogue_inputs(tile + 1, expert, row0, N, b_ptr, sorted_ptr, num_slots, stride_be, ROWS,
-                                            SPLIT)
+                                           SPLIT)
         gate_up_epilogue(acc_b, inputs_b, pid_s, N, limit, act_ptr, part_ptr, stride_am, stride_ps, stride_pm, ROWS,
-                          SPLIT, ALPHA, UNSCALE)
+                         SPLIT, ALPHA, UNSCALE)
 
 
 @gluon.jit(do_not_specialize=_PER_STEP)
@@ -144,13 +144,13 @@ def _gate_up_kernel(
         # Few token columns: the epilogue's inputs are read now, not in a round trip after the K loop.
         tile = pid_w * TILES
         inputs_a = gate_up_epilogue_inputs(tile, expert, row0, N, b_ptr, sorted_ptr, num_slots, stride_be, BLOCK_T,
-                                            SPLIT)
+                                           SPLIT)
         word0, scale0 = _first_word_and_scale(expert, tile, stride_we, stride_wt, stride_se, stride_st)
         acc = k_loop_ws(w_desc, t_desc, s_desc, word0, scale0, x_ptr, stride_xm, sorted_ptr, pid_t, num_slots,
                         pid_s * k_per_split, gl.minimum(K, (pid_s + 1) * k_per_split), K, BLOCK_T, TOP_K, STAGES,
                         False)
         gate_up_epilogue(acc, inputs_a, pid_s, N, limit, act_ptr, part_ptr, stride_am, stride_ps, stride_pm, BLOCK_T,
-                          SPLIT, ALPHA, UNSCALE)
+                         SPLIT, ALPHA, UNSCALE)
     elif RAGGED and _second_half_empty(sorted_ptr, row0, num_slots, BLOCK_T):
         _gate_up_rows(x_ptr, w_ptr, s_ptr, b_ptr, act_ptr, part_ptr, sorted_ptr, expert, row0, pid_s, pid_w,
                       num_slots, N, K, k_per_split, limit, stride_xm, stride_we, stride_wt, stride_se, stride_st,
@@ -179,7 +179,7 @@ def _down_rows(act_ptr, w_ptr, s_ptr, b_ptr, y_ptr, topk_w_ptr, sorted_ptr, expe
     acc, _ = k_loop(w_ptrs, s_ptrs, 0, 0, x_ptrs, row_ok[:, None], w_mask, word, kcol, k_start, k_end, K,
                     ROWS, False, STAGES, PDL)
     inputs = down_epilogue_inputs(pid_w, pid_s, row0, expert, N, b_ptr, topk_w_ptr, sorted_ptr, num_slots,
-                                   stride_be, ROWS)
+                                  stride_be, ROWS)
     down_store(acc, inputs, pid_s, y_ptr, stride_ys, stride_ym, UNSCALE)
 
 
@@ -206,7 +206,7 @@ def _down_kernel(
         # Few token columns: the epilogue's inputs are read now, not on the K loop's far side (two
         # dependent round trips there: the slots, then their router weights).
         inputs = down_epilogue_inputs(pid_w, pid_s, row0, expert, N, b_ptr, topk_w_ptr, sorted_ptr, num_slots,
-                                       stride_be, BLOCK_T)
+                                      stride_be, BLOCK_T)
         word0, scale0 = _first_word_and_scale(expert, pid_w, stride_we, stride_wt, stride_se, stride_st)
         acc = k_loop_ws(w_desc, t_desc, s_desc, word0, scale0, act_ptr, stride_am, sorted_ptr, pid_t, num_slots,
                         pid_s * k_per_split, gl.minimum(K, (pid_s + 1) * k_per_split), K, BLOCK_T, 0, STAGES, PDL)

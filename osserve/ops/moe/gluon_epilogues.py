@@ -43,7 +43,7 @@ def _split_pairs(acc, BLOCK_T: gl.constexpr):
 
 @gluon.jit
 def gate_up_epilogue_inputs(tile, expert, row0, N, b_ptr, sorted_ptr, num_slots, stride_be, BLOCK_T: gl.constexpr,
-                             SPLIT: gl.constexpr):
+                            SPLIT: gl.constexpr):
     """What gate_up_epilogue reads besides the accumulator: tile `tile`'s 32 act columns and their mask,
     the token tile's plan rows (row0..) and which hold a slot, and (unsplit) the gate and up biases."""
     col, c_ok, prow = _out_rows(tile * 32, N, row0, 32, BLOCK_T, OUT_LAYOUT_32)
@@ -56,7 +56,7 @@ def gate_up_epilogue_inputs(tile, expert, row0, N, b_ptr, sorted_ptr, num_slots,
 
 @gluon.jit
 def gate_up_epilogue(acc, inputs, pid_s, N, limit, act_ptr, part_ptr, stride_am, stride_ps, stride_pm,
-                      BLOCK_T: gl.constexpr, SPLIT: gl.constexpr, ALPHA: gl.constexpr, UNSCALE: gl.constexpr):
+                     BLOCK_T: gl.constexpr, SPLIT: gl.constexpr, ALPHA: gl.constexpr, UNSCALE: gl.constexpr):
     """The 32 act columns of a 64-row tile (inputs: gate_up_epilogue_inputs'): bias + clamped SwiGLU
     into act, or with split K the float32 partial sums (gate at column c, up at N + c) for
     _swiglu_splits_kernel."""
@@ -77,7 +77,7 @@ def gate_up_epilogue(acc, inputs, pid_s, N, limit, act_ptr, part_ptr, stride_am,
 
 @gluon.jit
 def down_epilogue_inputs(pid_w, pid_s, row0, expert, N, b_ptr, topk_w_ptr, sorted_ptr, num_slots, stride_be,
-                          BLOCK_T: gl.constexpr):
+                         BLOCK_T: gl.constexpr):
     """The down epilogue's output rows, the token tile's plan rows (row0..) and each one's slot, the bias
     (first K split only) and each slot's router weight, in OUT_LAYOUT."""
     orow, o_ok, prow = _out_rows(pid_w * 64, N, row0, 64, BLOCK_T, OUT_LAYOUT)
