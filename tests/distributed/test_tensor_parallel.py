@@ -51,9 +51,10 @@ Outputs = dict[str, tuple[list[int], list[TokenLogprob]]]
 REPEATED = ("b", "c")  # the same prompt twice, with logprobs: the second finds it cached
 
 
-def run(engine: LLMEngine) -> tuple[Outputs, int]:
-    """Every prompt at once, then one of them again with logprobs, then again: the prefix cache
-    holds it, its last block copied on every rank. (outputs, the block copies the runner made)"""
+def run(engine: LLMEngine, logprobs: int | None = None) -> tuple[Outputs, int]:
+    """Every prompt at once (with `logprobs` top entries), then one of them again with logprobs, then
+    again: the prefix cache holds it, its last block copied on every rank. (outputs, the block
+    copies the runner made)"""
     out: Outputs = {}
     ps = prompts()
     copies: list[BlockCopy] = []
@@ -65,7 +66,7 @@ def run(engine: LLMEngine) -> tuple[Outputs, int]:
         return run_step(entries, prev, moves)
 
     engine.runner.run = counted  # type: ignore[method-assign]
-    waves = [[(f"a{i}", p, None) for i, p in enumerate(ps)], *([(rid, ps[1], 3)] for rid in REPEATED)]
+    waves = [[(f"a{i}", p, logprobs) for i, p in enumerate(ps)], *([(rid, ps[1], 3)] for rid in REPEATED)]
     for wave in waves:
         for rid, p, logprobs in wave:
             engine.add_request(rid, p, SamplingParams(temperature=0, max_tokens=MAX_TOKENS, ignore_eos=True,
@@ -109,17 +110,42 @@ def test_greedy_outputs_equal_one_rank(tiny_checkpoint: Path, one_rank: Outputs,
     assert all(p.poll() is not None for p in runner.ranks.pool.processes.values())  # shut down
 
 
+# FP8 keys and values round the ranks' last-bit differences (module docstring) to e4m3's 3 mantissa
+# bits now and then, so the FP8 logprobs of 2 ranks and of 1 differ by up to ~1e-3 (a 5e-3 bound
+# here), not float32's ~1e-6. Where one rank's two best tokens are closer than that, greedy may
+# take either, and the continuations part there.
+FP8_LOGPROB_TOL = 5e-3
+
+
+def assert_greedy_equal_up_to_ties(out: Outputs, want: Outputs, tol: float) -> None:
+    """Each request's greedy tokens are `want`'s, step by step, with logprobs within `tol`, up to a
+    step where want's two best tokens are within 2 tol and the other one of them was taken; the
+    outputs part there, and the rest is not compared (its context differs)."""
+    assert out.keys() == want.keys()
+    for rid, (tokens, lps) in out.items():
+        want_tokens, want_lps = want[rid]
+        assert len(tokens) == len(want_tokens) == len(lps) == len(want_lps) == MAX_TOKENS, rid
+        for got, w in zip(lps, want_lps, strict=True):
+            (best, best_lp), (second, second_lp) = w.top[:2]
+            if got.token_id != w.token_id:
+                assert best_lp - second_lp < 2 * tol and {got.token_id, w.token_id} == {best, second}, (rid, got, w)
+                break
+            assert abs(got.logprob - w.logprob) < tol, (rid, got, w)
+
+
 def test_an_fp8_cache_split_by_heads_decodes_as_one_rank(tiny_checkpoint: Path) -> None:
     """--kv-cache-dtype fp8 over 2 ranks: each rank's cache holds its kv heads' codes and scales (a
     scale per token and kv head, so the split changes none of them), its block copies carry them,
-    and the greedy tokens are one FP8 rank's."""
-    want, _ = run(make_engine(tiny_checkpoint, kv_cache_dtype="fp8"))
+    and the greedy tokens are one FP8 rank's, up to near-ties (FP8_LOGPROB_TOL)."""
+    want, _ = run(make_engine(tiny_checkpoint, kv_cache_dtype="fp8"), logprobs=2)
     engine = make_engine(tiny_checkpoint, kv_cache_dtype="fp8", tensor_parallel_size=2)
     runner = engine.runner
     assert isinstance(runner, ParallelRunner) and all(kv.fp8 for kv in runner.kv_caches)
     try:
-        out, copies = run(engine)
+        out, copies = run(engine, logprobs=2)
         assert engine.scheduler.num_preemptions > 0 and copies > 0
     finally:
         runner.shutdown()
-    assert {rid: tokens for rid, (tokens, _) in out.items()} == {rid: tokens for rid, (tokens, _) in want.items()}
+    assert_greedy_equal_up_to_ties(out, want, FP8_LOGPROB_TOL)
+    parted = [rid for rid in out if out[rid][0] != want[rid][0]]
+    assert len(parted) <= 2, parted  # a tie is rare: most requests must match to the end
