@@ -1,9 +1,12 @@
-"""Diagnostic: the Gluon MoE at serving batch sizes, by token tile, gate/up tiles a program and ring depth.
+"""Diagnostic: the Gluon MoE at serving batch sizes, by token tile, gate/up tiles a program, ring depth,
+ragged tiles and register caps.
 
 At T=256 the 20b's 32 experts get 32 slots each on average and the default token tile is 32, so an
-expert with more than 32 slots runs a second, mostly empty tile and dequantises its weights twice.
-This times the alternatives (uniform routing, as bench_moe_gluon.py) and counts the token tiles each
-tile size makes. Run on the GPU: PYTHONPATH=$PWD python3 benchmarks/diag/moe_tiles.py [--tokens ...]
+expert with more than 32 slots runs a second, mostly empty tile and dequantises its weights twice
+(ragged tiles, gluon.py's RAGGED, run such a tile at half its rows). This times the alternatives
+(uniform routing, as bench_moe_gluon.py), checks each against the float32 reference, and counts the
+token tiles each tile size makes. Run on the GPU:
+PYTHONPATH=$PWD python3 benchmarks/diag/moe_tiles.py [--tokens ...] [--variants ...]
 """
 
 from __future__ import annotations
