@@ -19,7 +19,6 @@ output itself; no reduce launch. An FP8 cache is read as paged_triton.py says.
 from __future__ import annotations
 
 import functools
-import os
 
 import torch
 import triton
@@ -27,14 +26,11 @@ import triton.language as tl
 
 from osserve.ops.attention.fp8_triton import fp8_scores, fp8_values, query_f16, scale_args, scale_value
 from osserve.ops.pdl import pdl_enter, pdl_launch, prefetch_before_wait, prefetch_l2
+from osserve.ops.policy import interpreting
 
 LOG2E = 1.4426950408889634
 MIN_PARTITION = 256  # tokens per split at least: below this the merge costs more than it saves
 MAX_SPLITS = 64
-
-
-def interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
 @triton.jit(do_not_specialize=["window", "stride_bt"])  # per-step sizes: no recompiles (attention/paged_triton.py)

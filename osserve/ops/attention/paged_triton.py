@@ -25,10 +25,10 @@ import torch
 import triton
 import triton.language as tl
 
-from osserve.ops.attention.decode_triton import interpreting as _interpreting
 from osserve.ops.attention.decode_triton import paged_decode_triton
 from osserve.ops.attention.fp8_triton import scale_args, scale_value, to_e4m3, token_scale
 from osserve.ops.attention.metadata import TreeMask
+from osserve.ops.policy import interpreting
 
 LOG2E = 1.4426950408889634
 
@@ -233,10 +233,10 @@ def _prefill(
     group = num_heads // kv_heads
     group_p = triton.next_power_of_2(group)
     # M = 128 rows on the GPU (16 tokens x 8 heads for gpt-oss); at least 16 for tl.dot.
-    block_m = block_m or (16 if _interpreting() else 128)
+    block_m = block_m or (16 if interpreting() else 128)
     block_q = max(1, max(block_m, 16) // group_p)
     # BLOCK_N 32 measured fastest on the H100 with 128-row tiles (benchmarks/NOTES-attention.md).
-    block_n = block_n or (16 if _interpreting() else 32)
+    block_n = block_n or (16 if interpreting() else 32)
     grid = (num_seqs, triton.cdiv(max_query_len, block_q), kv_heads)
     tree_args = (tree.bits, tree.positions, tree.start) if tree is not None else (seq_lens, seq_lens, seq_lens)
     ks, vs, scale_strides = scale_args(k_scales, v_scales, seq_lens)
