@@ -32,7 +32,7 @@ import re
 import subprocess
 import sys
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from types import SimpleNamespace
@@ -42,6 +42,7 @@ import torch
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource, make_backend
+from triton.experimental.gluon._runtime import GluonASTSource
 from triton.runtime.jit import JITFunction, create_function_from_signature
 
 from osserve.ops.policy import SHARED_MEMORY_BY_CAPABILITY, KernelPolicy, decide, use_policy
@@ -260,29 +261,38 @@ SCENARIOS: dict[str, Callable[[int], None]] = {
 SMS = {(8, 0): 108, (8, 6): 72, (8, 9): 58, (9, 0): 132, (10, 0): 148, (12, 0): 170}
 
 
-def record(policy: KernelPolicy, scenarios: list[str]) -> list[Launch]:
-    """Every kernel launch of `scenarios` under `policy`, caught before it reaches a driver."""
-    launches: list[Launch] = []
-    scenario = ""
-    original = JITFunction.run
+@contextlib.contextmanager
+def caught_launches(policy: KernelPolicy, sms: int) -> Iterator[list[tuple[JITFunction, tuple, dict]]]:
+    """Inside, under `policy`, every kernel launch is caught before it reaches a driver and listed as
+    (function, arguments, keyword arguments); the device reports `sms` SMs."""
+    launches: list[tuple[JITFunction, tuple, dict]] = []
+    original, properties = JITFunction.run, torch.cuda.get_device_properties
 
     def catch(self: JITFunction, *args: Any, grid: Any, warmup: bool, **kwargs: Any) -> None:
-        launches.append(Launch(scenario, self, args, kwargs))
+        launches.append((self, args, kwargs))
 
-    assert policy.capability is not None
-    sms = SMS.get(policy.capability, 72)
-    properties = torch.cuda.get_device_properties
     JITFunction.run = catch  # type: ignore[method-assign]
     # Launchers that size their grids by the SMs (with PDL: the L2 prefetch) ask the device.
     torch.cuda.get_device_properties = lambda *_: SimpleNamespace(multi_processor_count=sms)  # type: ignore[assignment]
     try:
         torch.manual_seed(0)
         with use_policy(policy), torch.inference_mode():
-            for scenario in scenarios:
-                SCENARIOS[scenario](sms)
+            yield launches
     finally:
         JITFunction.run = original  # type: ignore[method-assign]
         torch.cuda.get_device_properties = properties
+
+
+def record(policy: KernelPolicy, scenarios: list[str]) -> list[Launch]:
+    """Every kernel launch of `scenarios` under `policy`, caught before it reaches a driver."""
+    assert policy.capability is not None
+    sms = SMS.get(policy.capability, 72)
+    launches: list[Launch] = []
+    with caught_launches(policy, sms) as caught:
+        for scenario in scenarios:
+            done = len(caught)
+            SCENARIOS[scenario](sms)
+            launches += [Launch(scenario, fn, args, kwargs) for fn, args, kwargs in caught[done:]]
     return launches
 
 
@@ -303,7 +313,8 @@ def bind(launch: Launch, target: GPUTarget) -> tuple[ASTSource, dict, str]:
     bound, specialization, options = binder(*launch.args, **launch.kwargs)
     options, signature, constexprs, attrs = launch.fn._pack_args(backend, launch.kwargs, bound, specialization, options)
     key = f"{launch.fn.__name__}|{signature}|{sorted(constexprs.items())}|{sorted(attrs.items())}|{options}"
-    return ASTSource(launch.fn, signature, constexprs, attrs), options.__dict__, key
+    source = GluonASTSource if launch.fn.is_gluon() else ASTSource  # a Gluon kernel states its own layouts
+    return source(launch.fn, signature, constexprs, attrs), options.__dict__, key
 
 
 def resources(cubin: bytes, name: str) -> tuple[int, int]:
