@@ -3,7 +3,7 @@
 Builds the engine at TP N on the dummy weights and steps one short greedy request (or tp_bench's
 8 prompts), printing each step; run it beside py-spy (the history file, "A multi-GPU attempt"):
 
-    timeout 120 python3 benchmarks/diag/tp_hang.py --preset 20b --tp 2 [--bench-prompts] &
+    timeout 120 python3 benchmarks/diag/tp_hang.py --preset 20b --tp 2 [--bench-prompts | --run-layout] &
     sleep 100; py-spy dump --pid PID
 """
 
@@ -24,7 +24,15 @@ def main() -> None:
     ap.add_argument("--tp", type=int, default=2)
     ap.add_argument("--eager", action="store_true", help="no CUDA graphs")
     ap.add_argument("--bench-prompts", action="store_true", help="tp_bench.py's 8 prompts (5-1000 tokens), 32 steps")
+    ap.add_argument("--run-layout", action="store_true",
+                    help="tp_bench.run_layout's whole flow instead (its engine settings, no TP 1 reference)")
     args = ap.parse_args()
+    if args.run_layout:
+        from benchmarks.tp_bench import run_layout
+
+        run_layout(args.preset, args.tp, False, None, 64, 0.90)
+        print("done", flush=True)
+        return
     start = time.perf_counter()
     engine = build_engine(EngineArgs(load_format="dummy", preset=args.preset, max_model_len=2048, max_num_seqs=8,
                                      tensor_parallel_size=args.tp, gpu_memory_utilization=0.5,

@@ -11,6 +11,8 @@ graph, eager) depend only on the step's entries, which every rank is sent.
 from __future__ import annotations
 
 import logging
+import threading
+from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
@@ -25,6 +27,11 @@ HOST = "127.0.0.1"
 # Loading a 120b shard (or compiling kernels) on one rank while the others wait in the first
 # collective must not time out; a rank that dies is seen at once by the engine (workers.py).
 TIMEOUT = timedelta(minutes=30)
+# An NCCL communicator's abort returns once every rank has aborted its own (NCCL frees shared
+# resources together): one whose peer already exited without aborting waits for it forever. Each
+# rank aborts at shutdown (rank 0 and the workers at once, parallel_runner.py), and none waits on
+# an abort longer than this; past it the communicator is left to the process's exit.
+ABORT_WAIT_S = 10.0
 
 
 def rendezvous_store(port: int | None, size: int) -> dist.TCPStore:
@@ -95,23 +102,35 @@ class RankGroup:
 
     def abort(self) -> None:
         """Break off every NCCL collective in flight (a rank died): a rank blocked in one returns or
-        raises instead of waiting for the dead rank forever. Best effort. (gloo raises by itself
-        when a peer's connection closes.)"""
-        if self.backend != "nccl":
-            return
-        try:
-            self._pg.abort()
-        except Exception as e:  # the group may be half gone already; nothing more to do
-            log.debug("aborting the process group: %r", e)
+        raises instead of waiting for the dead rank forever. Best effort, and at most ABORT_WAIT_S.
+        (gloo raises by itself when a peer's connection closes.)"""
+        if self.backend == "nccl":
+            bounded(self._pg.abort, ABORT_WAIT_S, "aborting the NCCL communicator")
 
     def shutdown(self) -> None:
         """Free the group. NCCL's communicator is aborted, not destroyed: destroying one whose
         collectives were captured in CUDA graphs can hang (pytorch/pytorch issue 115388), and
-        nothing is in flight any more."""
+        nothing is in flight any more. Every rank calls this at about the same time (ABORT_WAIT_S)."""
+        if self.backend == "nccl":
+            bounded(self._pg.abort, ABORT_WAIT_S, "aborting the NCCL communicator")
+        else:
+            bounded(self._pg.shutdown, ABORT_WAIT_S, "shutting the gloo group down")
+
+
+def bounded(call: Callable[[], object], wait_s: float, what: str) -> bool:
+    """call() in a daemon thread, waited for at most wait_s: whether it returned. Its errors are
+    logged, not raised (the group may be half gone already). torch releases the GIL inside a
+    communicator's abort, so a call that never returns costs only its thread."""
+    def run() -> None:
         try:
-            if self.backend == "nccl":
-                self._pg.abort()
-            else:
-                self._pg.shutdown()
+            call()
         except Exception as e:
-            log.debug("shutting the process group down: %r", e)
+            log.debug("%s: %r", what, e)
+
+    thread = threading.Thread(target=run, name="osserve-group-teardown", daemon=True)
+    thread.start()
+    thread.join(wait_s)
+    if thread.is_alive():
+        log.warning("%s did not return within %.0f s; left to the process's exit", what, wait_s)
+        return False
+    return True

@@ -83,8 +83,11 @@ class Ranks:
         if self._closed:
             return
         self._closed = self._noticed = True
-        self.pool.shutdown()
+        # Every rank aborts its communicator at once: NCCL's abort waits for the others' (a
+        # worker that exited first left rank 0's waiting for good).
+        self.pool.stop()
         self.group.shutdown()
+        self.pool.wait_stopped()
         self._finalizer.cancel()
 
     def _failed(self, reason: str) -> None:  # the watching thread
