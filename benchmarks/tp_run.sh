@@ -1,16 +1,18 @@
 #!/usr/bin/env bash
 # Tensor and expert parallelism on a multi-GPU host (random weights of the real shapes), printed as
-# one table: correctness against TP 1 and batch-1 / batch-32 decode (benchmarks/tp_bench.py), and
-# the 1k/1k serving workload (random ~1024-word prompts, 1024 output tokens, ignore_eos) at
-# concurrency 256 and 512 against `osserve serve --tensor-parallel-size N`.
+# one table: agreement with TP 1 (on random weights not correctness: tp_bench.py's docstring) and
+# batch-1 / batch-32 decode (benchmarks/tp_bench.py), and the 1k/1k serving workload (random
+# ~1024-word prompts, 1024 output tokens, ignore_eos) at concurrency 256 and 512 against `osserve
+# serve --tensor-parallel-size N`.
 #   bash benchmarks/tp_run.sh PRESETS LAYOUTS [PHASES]      (from the repository root; carry .whl)
 # LAYOUTS: comma list of N (tensor parallel over N GPUs), Nep (--enable-expert-parallel), or, for
 # the serve phase only, Kx1 (K one-GPU servers side by side); the engine phase needs 1 first (its
 # reference) and leaves Kx1 out. PHASES: comma list of
-#   engine  tp_bench.py: correctness against TP 1, batch-1 and batch-32 decode (one engine a layout)
+#   engine  tp_bench.py: agreement with TP 1, batch-1 and batch-32 decode (one engine a layout)
 #   serve   a server per layout, then bench serve at c=256 and c=512 (2 x c requests each)
 #   tests   tests/gpu/test_tp_gpu.py (needs pytest on the machine)
-# default: engine,serve. A device command may run 10 minutes: split the work, e.g. on 4 H100s
+# default PHASES: engine,serve; CONCURRENCIES (env): the serve phase's, default "256 512". A device
+# command may run 10 minutes: split the work, e.g. on 4 H100s
 #   bash benchmarks/tp_run.sh 20b,120b 1,2,4,4ep engine
 #   bash benchmarks/tp_run.sh 120b 2 serve;  bash benchmarks/tp_run.sh 120b 4 serve;  bash benchmarks/tp_run.sh 120b 4ep serve
 #   bash benchmarks/tp_run.sh 20b 2,2x1 serve      (the 20b over 2 GPUs against two one-GPU servers)
@@ -59,7 +61,7 @@ serve_layout() {
         done
         grep -E "memory plan|tensor parallelism" "$log" | sed 's/^.*INFO //'
     done
-    for c in 256 512; do
+    for c in ${CONCURRENCIES:-256 512}; do
         local parts=()
         for i in "${!servers[@]}"; do
             python3 -m osserve.bench.serve --base-url "http://127.0.0.1:${ports[$i]}" --model "gpt-oss-$preset" \

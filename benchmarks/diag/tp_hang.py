@@ -5,6 +5,10 @@ Builds the engine at TP N on the dummy weights and steps one short greedy reques
 
     timeout 120 python3 benchmarks/diag/tp_hang.py --preset 20b --tp 2 [--bench-prompts | --run-layout] &
     sleep 100; py-spy dump --pid PID
+
+benchmarks/diag/tp_hang.sh does both, with every rank's steps traced. Found (2 x H200, 5aaf193):
+the steps ran; rank 0 then waited in the NCCL communicator's abort at shutdown (history file,
+"Tensor parallelism on 2 GPUs").
 """
 
 from __future__ import annotations

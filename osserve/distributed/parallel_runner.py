@@ -83,11 +83,8 @@ class Ranks:
         if self._closed:
             return
         self._closed = self._noticed = True
-        # Every rank aborts its communicator at once: NCCL's abort waits for the others' (a
-        # worker that exited first left rank 0's waiting for good).
-        self.pool.stop()
+        self.pool.shutdown()
         self.group.shutdown()
-        self.pool.wait_stopped()
         self._finalizer.cancel()
 
     def _failed(self, reason: str) -> None:  # the watching thread

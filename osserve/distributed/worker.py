@@ -51,11 +51,9 @@ def main(argv: list[str]) -> int:
         except OSError:
             pass
         return 1
-    # STOP: abort this rank's end of the group while rank 0 aborts its own (NCCL's abort waits
-    # for every rank's: a worker that exited without it left rank 0 waiting for good). Then
-    # nothing is left to save: skip the interpreter's teardown (a second or more with torch
-    # loaded, and the communicator's destructor), which the engine's shutdown would wait for.
-    group.shutdown()
+    # Nothing left to save: skip the interpreter's teardown (a second or more with torch loaded,
+    # and the NCCL communicator's, which can hang after CUDA graphs captured its collectives),
+    # which the engine's shutdown would wait for.
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)

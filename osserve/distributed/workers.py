@@ -27,16 +27,13 @@ from typing import cast
 
 import torch
 
-from osserve.distributed.collectives import ABORT_WAIT_S
 from osserve.distributed.layout import ParallelConfig
 from osserve.distributed.messages import STOP, WorkerSpec
 from osserve.errors import ConfigError, EngineDeadError
 
 log = logging.getLogger("osserve")
 
-# For a worker to exit after STOP, before it is terminated: its communicator's abort may take up to
-# collectives.ABORT_WAIT_S.
-STOP_WAIT_S = ABORT_WAIT_S + 5.0
+STOP_WAIT_S = 10.0  # for a worker to exit after STOP, before it is terminated
 
 
 def rank_devices(device: torch.device, parallel: ParallelConfig) -> list[torch.device]:
@@ -116,12 +113,6 @@ class WorkerPool:
 
     def shutdown(self) -> None:
         """Stop the workers: STOP, then terminate those that do not exit."""
-        self.stop()
-        self.wait_stopped()
-
-    def stop(self) -> None:
-        """STOP to every worker, without waiting: each then aborts its end of the group and exits
-        (worker.py), while rank 0 aborts its own (parallel_runner.py)."""
         if self._closing:
             return
         self._closing = True
@@ -130,12 +121,6 @@ class WorkerPool:
                 conn.send_bytes(STOP)
             except OSError:
                 pass  # gone already
-
-    def wait_stopped(self) -> None:
-        """Until every worker has exited after stop(); those that do not within STOP_WAIT_S are
-        terminated."""
-        if not self._conns:
-            return
         for proc in self.processes.values():
             try:
                 proc.wait(timeout=STOP_WAIT_S)
@@ -144,7 +129,6 @@ class WorkerPool:
         _kill_all(list(self.processes.values()))
         for conn in self._conns.values():
             conn.close()
-        self._conns = {}
         self._finalizer.cancel()
 
     # ------------------------------------------------------------------ the watching thread
