@@ -28,8 +28,9 @@ import json
 import logging
 import statistics
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 
@@ -39,6 +40,7 @@ from osserve.engine.core.sampling_params import SamplingParams
 from osserve.engine.engine import LLMEngine
 from osserve.engine.load import EngineArgs, build_engine
 
+T = TypeVar("T")
 LENGTHS = (5, 130, 300, 17, 260, 64, 1000, 40)
 STEPS = 32
 
@@ -97,20 +99,33 @@ def compare(tokens: list[list[int]], logits: torch.Tensor, ref_tokens: list[list
             "top1_agree": (logits.argmax(1) == ref_logits.argmax(1)).float().mean().item()}
 
 
+def with_engine(args: EngineArgs, use: Callable[[LLMEngine], T]) -> T:
+    """use(an engine built from args); then its ranks stopped and its memory handed back, so that
+    one process can build one layout's engine after another."""
+    engine = build_engine(args)
+    try:
+        return use(engine)
+    finally:
+        if isinstance(engine.runner, ParallelRunner):
+            engine.runner.shutdown()
+        del engine
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+            torch.cuda.reset_peak_memory_stats()
+
+
 def run_layout(preset: str, n: int, ep: bool, ref: dict[str, Any] | None, output_len: int,
                gpu_util: float) -> tuple[dict[str, Any], dict[str, Any]]:
     """(this layout's row, the reference data: TP 1's tokens and logits)."""
-    engine = build_engine(EngineArgs(load_format="dummy", preset=preset, max_model_len=4096, max_num_seqs=64,
-                                     tensor_parallel_size=n, enable_expert_parallel=ep,
-                                     gpu_memory_utilization=gpu_util))
-    try:
+    def measure(engine: LLMEngine) -> tuple[dict[str, Any], dict[str, Any]]:
         ps = prompts()
         tokens = greedy_batch(engine, ps)
         forced = ref["tokens"] if ref is not None else tokens
         logits = forced_logits(engine, ps, forced)
-        ref = ref or {"tokens": tokens, "logits": logits}
+        reference = ref or {"tokens": tokens, "logits": logits}
         row: dict[str, Any] = {"preset": preset, "layout": f"TP {n}" + (" EP" if ep else ""),
-                               **compare(tokens, logits, ref["tokens"], ref["logits"])}
+                               **compare(tokens, logits, reference["tokens"], reference["logits"])}
         run_once(engine, 1, 128, 16, seed=99)  # warm-up
         b1 = run_once(engine, 1, 1024, output_len, seed=1)
         b32 = run_once(engine, 32, 1024, output_len, seed=2)
@@ -119,14 +134,11 @@ def run_layout(preset: str, n: int, ep: bool, ref: dict[str, Any] | None, output
         # Printed before the ranks are shut down: two x2 runs (the second 2026-11-26) built TP 2, then printed
         # nothing for minutes, and a stall in the shutdown must not take the figures with it.
         print(json.dumps(row), flush=True)
-    finally:
-        if isinstance(engine.runner, ParallelRunner):
-            engine.runner.shutdown()
-        del engine
-        gc.collect()
-        torch.cuda.empty_cache()
-        torch.cuda.reset_peak_memory_stats()
-    return row, ref
+        return row, reference
+
+    return with_engine(EngineArgs(load_format="dummy", preset=preset, max_model_len=4096, max_num_seqs=64,
+                                  tensor_parallel_size=n, enable_expert_parallel=ep,
+                                  gpu_memory_utilization=gpu_util), measure)
 
 
 def table(folder: Path) -> None:

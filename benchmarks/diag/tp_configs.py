@@ -17,15 +17,15 @@ sizes and step budgets (history file, "Tensor parallelism on 2 GPUs").
 from __future__ import annotations
 
 import argparse
-import gc
 import json
 import time
+from functools import partial
 
 import torch
 
-from benchmarks.tp_bench import compare, forced_logits, greedy_batch, prompts
-from osserve.distributed.parallel_runner import ParallelRunner
-from osserve.engine.load import EngineArgs, build_engine
+from benchmarks.tp_bench import compare, forced_logits, greedy_batch, prompts, with_engine
+from osserve.engine.engine import LLMEngine
+from osserve.engine.load import EngineArgs
 
 
 def engine_args(preset: str, variant: str) -> EngineArgs:
@@ -48,6 +48,14 @@ def engine_args(preset: str, variant: str) -> EngineArgs:
     return EngineArgs(**kw)  # type: ignore[arg-type]
 
 
+def decode(engine: LLMEngine, ps: list[list[int]], forced: list[list[int]] | None
+           ) -> tuple[list[list[int]], torch.Tensor]:
+    """The prompts' greedy tokens in one batch, and each prompt's logits alone, forced to `forced`
+    (None: those tokens)."""
+    tokens = greedy_batch(engine, ps)
+    return tokens, forced_logits(engine, ps, forced if forced is not None else tokens)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--preset", default="20b")
@@ -57,16 +65,8 @@ def main() -> None:
     ref: tuple[list[list[int]], torch.Tensor] | None = None
     for variant in args.variants:
         start = time.perf_counter()
-        engine = build_engine(engine_args(args.preset, variant))
-        try:
-            tokens = greedy_batch(engine, ps)
-            logits = forced_logits(engine, ps, ref[0] if ref is not None else tokens)
-        finally:
-            if isinstance(engine.runner, ParallelRunner):
-                engine.runner.shutdown()
-            del engine
-            gc.collect()
-            torch.cuda.empty_cache()
+        tokens, logits = with_engine(engine_args(args.preset, variant),
+                                     partial(decode, ps=ps, forced=ref[0] if ref is not None else None))
         ref = ref or (tokens, logits)
         row = {"preset": args.preset, "variant": variant, **compare(tokens, logits, *ref),
                "first_tokens": [t[0] for t in tokens], "s": round(time.perf_counter() - start, 1)}

@@ -298,9 +298,9 @@ def fused_moe_gluon(
     gate/up program (1 or 2; default by token tile, GATE_UP_TILES_BY_BLOCK_T). plan: topk_ids'
     routing plan for this batch's token tile, if the router built it (else one is built here). ws: the
     K loops with a copy warp (moe/gluon_ws.py; default: WS_BLOCK_T tiles at small grids). ragged: an
-expert's last token tile runs at half its rows where its second half holds no slot (default: the
-RAGGED_BLOCK_T tiles). max_registers: the (gate/up, down) register caps of the cp.async kernels
-(default: MAX_REGISTERS_BY_BLOCK_T)."""
+    expert's last token tile runs at half its rows where its second half holds no slot (default: the
+    RAGGED_BLOCK_T tiles). max_registers: the (gate/up, down) register caps of the cp.async kernels
+    (default: MAX_REGISTERS_BY_BLOCK_T)."""
     if x.shape[0] > MAX_TOKENS:  # swapped.py's bound: larger batches run in chunks of that many tokens
         return torch.cat([fused_moe_gluon(x[i:i + MAX_TOKENS], topk_weights[i:i + MAX_TOKENS],
                                           topk_ids[i:i + MAX_TOKENS], prepared, swiglu_limit, block_t, min_programs,
