@@ -5,13 +5,17 @@ case's GB/s over the K/V bytes it must read. Varies the launch (num_warps, num_s
 forced splits) and the cache's block order (shuffled as a long-running server's pool is, or in
 order), table printed last.
 
-    PYTHONPATH=$PWD python3 benchmarks/diag/decode_attention_sweep.py [--fp8]
+    PYTHONPATH=$PWD python3 benchmarks/diag/decode_attention_sweep.py [--fp8] [--launches w4s3n256,w8s2n256p2 ...]
+
+--launches: only these launches (w warps, s stages, n keys a tile, optional p forced splits), after
+each case's default.
 """
 
 from __future__ import annotations
 
 import argparse
 import itertools
+import re
 
 import torch
 import triton
@@ -22,6 +26,15 @@ from osserve.ops.attention.kv_format import quantize_reference
 from osserve.ops.attention.paged_triton import paged_attention_triton
 
 CASES = [(256, 1024), (256, 2048), (128, 8192)]  # (batch, context)
+
+
+def parse_launch(spec: str) -> dict[str, int]:
+    """'w4s3n256p2' -> num_warps 4, num_stages 3, block_n 256, num_splits 2 (each part optional)."""
+    names = {"w": "num_warps", "s": "num_stages", "n": "block_n", "p": "num_splits"}
+    parts = re.findall(r"([wsnp])(\d+)", spec)
+    if not parts or "".join(k + v for k, v in parts) != spec:
+        raise SystemExit(f"--launches: cannot read {spec!r} (e.g. w4s3n256p2)")
+    return {names[k]: int(v) for k, v in parts}
 
 
 def time_decode(batch: int, ctx: int, ordered: bool, fp8: bool = False, **kw: int) -> float:
@@ -45,18 +58,25 @@ def time_decode(batch: int, ctx: int, ordered: bool, fp8: bool = False, **kw: in
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--fp8", action="store_true", help="an FP8 cache (--kv-cache-dtype fp8)")
-    fp8 = ap.parse_args().fp8
+    ap.add_argument("--launches", default="", help="comma list of launches (module docstring)")
+    ap.add_argument("--cases", default=",".join(f"{b}x{c}" for b, c in CASES),
+                    help="comma list of BATCHxCONTEXT")
+    args = ap.parse_args()
+    fp8 = args.fp8
     print(f"device: {torch.cuda.get_device_name()}, triton {triton.__version__}, kv heads {KVH}, block {BS}, "
           f"{'fp8' if fp8 else 'bf16'} cache")
     rows = []
     launches = [dict(num_warps=w, num_stages=s, block_n=n)
                 for w, s, n in itertools.product((4, 8), (2, 3, 4), (64, 128))]
     launches += [dict(num_splits=2), dict(num_splits=4), dict(num_warps=8, num_stages=3, num_splits=2)]
-    for batch, ctx in CASES:
+    if args.launches:
+        launches = [parse_launch(spec) for spec in args.launches.split(",")]
+    cases = [tuple(int(n) for n in case.split("x")) for case in args.cases.split(",")]
+    for batch, ctx in cases:
         gb = work([(ctx, 1)] * batch, None)[0] / 1e9
         for ordered in (False, True):
             base = time_decode(batch, ctx, ordered, fp8)
-            rows.append((batch, ctx, ordered, "default (4 warps, 2 stages, 128, auto splits)", base, gb))
+            rows.append((batch, ctx, ordered, "default (4 warps, 3 stages fp8, 2 bf16, 128 keys)", base, gb))
             print(rows[-1], flush=True)
             if ordered:
                 continue

@@ -4,7 +4,7 @@ serve` sends them, run in the engine alone (no HTTP). Prints the wall time of de
 mean context, then the kernels of one eager decode step at ~1.5k context (PyTorch profiler, CUDA
 time by kernel, grouped), table printed last.
 
-    PYTHONPATH=$PWD python3 benchmarks/diag/serving_step.py [--preset 20b] [--batch 256]
+    PYTHONPATH=$PWD python3 benchmarks/diag/serving_step.py [--preset 20b] [--batch 256] [--kv-cache-dtype fp8]
 """
 
 from __future__ import annotations
@@ -41,10 +41,12 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=256)
     ap.add_argument("--prompt", type=int, default=1000)
     ap.add_argument("--output", type=int, default=1024)
+    ap.add_argument("--kv-cache-dtype", default="auto", help="auto (the model's dtype) or fp8")
     ap.add_argument("--device", default=None, help="cpu: a dry run of the script (tiny preset, small sizes)")
     args = ap.parse_args()
     engine = build_engine(EngineArgs(load_format="dummy", preset=args.preset, max_model_len=4096,
-                                     max_num_seqs=args.batch, gpu_memory_utilization=0.90, device=args.device))
+                                     max_num_seqs=args.batch, gpu_memory_utilization=0.90, device=args.device,
+                                     kv_cache_dtype=args.kv_cache_dtype))
     cuda = engine.runner.device.type == "cuda"
     rng = random.Random(0)
     params = SamplingParams(temperature=1.0, max_tokens=args.output, ignore_eos=True, seed=None)
@@ -81,7 +83,8 @@ def main() -> None:
             by_ctx[ctx // 256 * 256].append(time.perf_counter() - start)
         steps += 1
     device = torch.cuda.get_device_name() if cuda else "cpu"
-    print(f"\n{device}, {args.preset}, batch {args.batch}, prompt {args.prompt}, {args.output} out, temperature 1; "
+    print(f"\n{device}, {args.preset}, batch {args.batch}, prompt {args.prompt}, {args.output} out, temperature 1, "
+          f"KV cache {args.kv_cache_dtype}; "
           f"{steps} steps")
     print("| mean context | decode steps | ms a step (median) | tok/s |\n|---|---|---|---|")
     for ctx, times in sorted(by_ctx.items()):
