@@ -316,17 +316,21 @@ class GptOssForCausalLM(nn.Module):
 
     def compute_logits_and_greedy(self, hidden: torch.Tensor, greedy_out: torch.Tensor | None = None,
                                   host_out: HostIds | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """(compute_logits(hidden), their argmax [N] int64 where it comes with them, else None). At
-        decode sizes on the GPU one kernel writes the float32 logits and argmax partials, and a
-        second picks the ids (ops/linear/head_triton.py), into greedy_out and host_out where given;
-        elsewhere the sampler takes its own argmax where it needs one (and host_out is not written)."""
+        """(the logits of hidden, their argmax [N] int64 where it comes with them, else None), for
+        the sampler. At decode sizes on the GPU one kernel writes the float32 logits and argmax
+        partials, and a second picks the ids (ops/linear/head_triton.py), into greedy_out and
+        host_out where given; elsewhere the logits are the GEMM's, in the model's dtype: the values
+        compute_logits widens to float32, left narrow because the sampler's common paths (argmax,
+        the fused temperature race, grammar masks) read them as they are, and widening 201,088
+        logits a row took a pass of its own (H200, batch 256: ~150 us of an ~11.7 ms 20b step).
+        The sampler takes its own argmax where it needs one (and host_out is not written)."""
         if use_triton(hidden):
             from osserve.ops.linear.head_triton import fits_logits_triton, logits_and_greedy_triton
 
             if fits_logits_triton(hidden, self.lm_head.weight):
                 return logits_and_greedy_triton(hidden, self.lm_head.weight, greedy_out=greedy_out,
                                                 host_out=host_out)
-        return self.compute_logits(hidden), None
+        return linear(hidden, self.lm_head.weight), None
 
     def fuse_qkv(self) -> None:
         """Every layer's q/k/v projections as one GEMM (Attention.fuse_qkv)."""

@@ -162,3 +162,30 @@ def test_row_settings_are_reused_only_for_the_same_rows_in_order() -> None:
     logits = torch.zeros(4, V)
     logits[:, 4] = 5.0  # the stop id is every row's argmax
     assert Sampler().sample(logits, first).token_ids.tolist()[2:] == [0, 6]  # banned (argmax of the rest), forced
+
+
+def test_logits_in_the_models_dtype_sample_as_their_float32_values() -> None:
+    """The head's GEMM output (bf16 at serving batches) reaches the sampler unwidened: a greedy batch
+    (argmax, a grammar mask and logprobs on the narrow logits) and a mixed one (penalties, top-p,
+    seeded temperature draws: widened first) choose what the same values in float32 choose, and the
+    logprobs come out in float32."""
+    g = torch.Generator().manual_seed(7)
+    logits = (torch.randn(6, V, generator=g) * 3).to(torch.bfloat16)
+    greedy = [SamplingParams(temperature=0), SamplingParams(temperature=0, logprobs=2)] * 3
+    mixed = [SamplingParams(temperature=0), SamplingParams(temperature=0, logprobs=2),
+             SamplingParams(temperature=0.8, seed=3), SamplingParams(temperature=1.0, top_p=0.6, seed=4),
+             SamplingParams(temperature=0, presence_penalty=1.5), SamplingParams(temperature=1.2, seed=5)]
+    outputs = [[1], [2], [3], [4], [int(logits[4].float().argmax())], [6]]
+    mask = (torch.tensor([5]), torch.tensor([[0b00110101]], dtype=torch.int32))  # row 5: tokens 0, 2, 4, 5
+
+    def run(x: torch.Tensor, params: list[SamplingParams]):  # type: ignore[no-untyped-def]
+        gens = [torch.Generator().manual_seed(p.seed) if p.seed is not None else None for p in params]
+        b = SamplingBatch.build(params, [[0]] * 6, outputs, gens, torch.device("cpu"), V, token_masks=mask)
+        return Sampler().sample(x.clone(), b)
+
+    for params in (greedy, mixed):
+        narrow, wide = run(logits, params), run(logits.float(), params)
+        assert torch.equal(narrow.token_ids, wide.token_ids)
+        assert narrow.token_ids[5].item() in (0, 2, 4, 5)
+        assert narrow.logprobs is not None and narrow.logprobs.dtype == torch.float32
+        assert torch.equal(narrow.logprobs, wide.logprobs)

@@ -15,10 +15,12 @@ def allowed_by_bits(bits: torch.Tensor, vocab: int) -> torch.Tensor:
     return torch.tensor([[(int(row[t // 32]) >> (t % 32)) & 1 == 1 for t in range(vocab)] for row in bits])
 
 
-@pytest.mark.parametrize("vocab", [37, 4096, 5000])
-def test_kernel_matches_reference_and_the_bit_layout(vocab: int) -> None:
+@pytest.mark.parametrize("vocab,dtype", [(37, torch.float32), (4096, torch.float32), (5000, torch.float32),
+                                         (5000, torch.bfloat16), (37, torch.float16)])
+def test_kernel_matches_reference_and_the_bit_layout(vocab: int, dtype: torch.dtype) -> None:
+    """float32 logits, and the model's dtype in which the head leaves them at serving batches."""
     g = torch.Generator().manual_seed(vocab)
-    logits = torch.randn(5, vocab, generator=g)
+    logits = torch.randn(5, vocab, generator=g).to(dtype)
     words = (vocab + 31) // 32
     bits = torch.randint(-2**31, 2**31 - 1, (3, words), generator=g, dtype=torch.int64).to(torch.int32)
     bits[1] = 0  # a row that allows nothing

@@ -46,3 +46,31 @@ def test_splitting_the_vocabulary_changes_no_draw() -> None:
     temp, seeds = torch.tensor([1.0, 0.3, 0.0]), torch.randint(0, 2**62, (3,), generator=g)
     one = gumbel_argmax_triton(z, temp, seeds, num_splits=1)
     assert torch.equal(gumbel_argmax_triton(z, temp, seeds, num_splits=3), one) and one[2] == 100
+
+
+def test_tokens_that_share_a_philox_call_or_its_counter_draw_apart() -> None:
+    """One Philox call gives the noise of four tokens a quarter step apart, and the next step's
+    counters follow on: equal logits at ids that share a call (3 + k * BLOCK / 4) or the counter of
+    the step after (3 + BLOCK) must each win a fifth of the draws, not the lowest id always."""
+    from osserve.ops.sampling.gumbel_triton import BLOCK
+
+    ids = [3, 3 + BLOCK // 4, 3 + BLOCK // 2, 3 + 3 * BLOCK // 4, 3 + BLOCK]
+    n = 500
+    z = torch.full((n, 2 * BLOCK), -float("inf"))
+    z[:, ids] = 1.0
+    g = torch.Generator().manual_seed(3)
+    chosen = gumbel_argmax_triton(z, torch.ones(n), torch.randint(0, 2**62, (n,), generator=g))
+    counts = torch.tensor([(chosen == i).sum().item() for i in ids], dtype=torch.float32)
+    assert counts.sum() == n
+    # Pearson's chi-square against 1/5 each, 4 degrees of freedom: 18.5 is its 99.9th percentile.
+    chi2 = ((counts - n / 5) ** 2 / (n / 5)).sum().item()
+    assert chi2 < 18.5, counts
+
+
+def test_bf16_logits_draw_as_their_float32_values() -> None:
+    """The head's bf16 logits are read as they are: the same draws as the float32 tensor of the same
+    values, at any temperature."""
+    g = torch.Generator().manual_seed(4)
+    z = (torch.randn(4, 5000, generator=g) * 3).to(torch.bfloat16)
+    temp, seeds = torch.tensor([1.0, 0.0, 0.6, 1.3]), torch.randint(0, 2**62, (4,), generator=g)
+    assert torch.equal(gumbel_argmax_triton(z, temp, seeds), gumbel_argmax_triton(z.float(), temp, seeds))

@@ -46,7 +46,9 @@ class BatchEntry:
 class StepLogits:
     """What a step leaves for the sampler."""
 
-    logits: torch.Tensor  # [S, vocab] float32 for the entries with sample=True, in their order
+    # [S, vocab] for the entries with sample=True, in their order: float32, or the model's dtype where
+    # the head's GEMM wrote them so (GptOssForCausalLM.compute_logits_and_greedy; the sampler widens)
+    logits: torch.Tensor
     greedy: torch.Tensor | None  # [S] int64 their argmax where it came with them (compute_logits_and_greedy)
     greedy_host: torch.Tensor | None = None  # the same ids in pinned host memory, written by the step itself
     aux_hidden: torch.Tensor | None = None  # [T, k * hidden] the captured layers' outputs, every row (EAGLE3)

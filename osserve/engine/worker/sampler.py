@@ -6,6 +6,8 @@ exponential race.
 The race (argmax of p / Exp(1) noise) samples from p; a seeded request draws its noise from its
 own generator, so its tokens do not depend on which other requests share the batch.
 Logprobs are those of the raw model distribution (vLLM's default), before penalties/temperature.
+The logits come in float32 or, at serving batches, in the model's dtype (bf16): the plain paths
+(argmax, the fused temperature race, grammar masks) read them so, the others widen them first.
 """
 
 from __future__ import annotations
@@ -262,7 +264,12 @@ class Sampler:
         """greedy: logits.argmax(-1) where the runner computed it with the logits (ops/linear/head_triton.py);
         used where every row is greedy and nothing changes the logits before the choice."""
         settings = b.settings
-        logits = logits.float()
+        # The logits may be in the model's dtype (GptOssForCausalLM.compute_logits_and_greedy): argmax,
+        # the fused race and the masks read them as they are, exactly; the other paths widen them.
+        fused = use_triton(logits) and settings.temperature is not None and (
+            settings.top_k is None and settings.top_p is None and settings.min_p is None)
+        if b.penalties is not None or not (settings.temperature is None or fused):
+            logits = logits.float()
         raw = logits
         for row, ids in b.mask_stop.items():
             logits = logits.clone() if logits is raw else logits
@@ -275,7 +282,7 @@ class Sampler:
             apply_token_bitmask(logits, b.mask_rows, b.mask_bits)
         if settings.temperature is None:  # every row is greedy
             chosen = greedy if greedy is not None and logits is raw and not masked else logits.argmax(-1)
-        elif use_triton(logits) and settings.top_k is None and settings.top_p is None and settings.min_p is None:
+        elif fused:
             # Plain temperature sampling (the default): one fused pass (ops/sampling/gumbel_triton.py).
             from osserve.ops.sampling.gumbel_triton import gumbel_argmax_triton
 
@@ -300,6 +307,6 @@ class Sampler:
             chosen = torch.where(forced >= 0, forced, chosen)
         if settings.num_logprobs is None:
             return SamplerOutput(chosen, None, None, None)
-        logp = raw.log_softmax(-1)
+        logp = raw.float().log_softmax(-1)
         top_lp, top_ids = logp.topk(max(settings.num_logprobs, 1), dim=-1)
         return SamplerOutput(chosen, logp.gather(-1, chosen[:, None])[:, 0], top_ids, top_lp)

@@ -27,7 +27,8 @@ def _apply_bitmask_kernel(logits_ptr, rows_ptr, bits_ptr, vocab, stride_row, str
 
 
 def apply_token_bitmask_triton(logits: torch.Tensor, rows: torch.Tensor, bits: torch.Tensor) -> torch.Tensor:
-    """apply_token_bitmask_reference, on the device. logits [B, V] float32 with unit column stride."""
+    """apply_token_bitmask_reference, on the device. logits [B, V] (float32, bf16 or float16) with
+    unit column stride."""
     vocab = logits.shape[1]
     assert logits.stride(1) == 1 and bits.dtype == torch.int32 and bits.shape[0] == rows.shape[0]
     if rows.numel():
