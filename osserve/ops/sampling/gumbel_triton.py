@@ -67,27 +67,29 @@ def _gumbel_argmax_kernel(logits_ptr, temp_ptr, seed_ptr, part_val_ptr, part_id_
 
 
 def gumbel_argmax_triton(logits: torch.Tensor, temperature: torch.Tensor, seeds: torch.Tensor,
-                         num_splits: int | None = None) -> torch.Tensor:
+                         num_splits: int | None = None, block: int = BLOCK, num_warps: int = 8,
+                         programs_per_sm: int = 4) -> torch.Tensor:
     """Token ids [B] int64: row i sampled from softmax(logits[i] / temperature[i]) with the noise of
     seeds[i] (int64), or its argmax where temperature[i] <= 0; logits float32, bf16 or float16.
-    Each row's vocabulary is split over num_splits programs (default: enough for ~4 programs per
-    SM), whose winners a last argmax compares (the first, lowest-id split wins a tie); the draws do
-    not depend on the split."""
+    Each row's vocabulary is split over num_splits programs (default: enough for programs_per_sm
+    programs per SM), whose winners a last argmax compares (the first, lowest-id split wins a tie);
+    the draws do not depend on the split. block / num_warps: the launch (benchmarks/bench_sampling.py
+    compares them; a block other than BLOCK draws other noise, as the module docstring says)."""
     b, vocab = logits.shape
     assert logits.stride(1) == 1 and temperature.shape == (b,) and seeds.shape == (b,)
-    blocks = triton.cdiv(vocab, BLOCK)
+    blocks = triton.cdiv(vocab, block)
     if num_splits is None:
         sms = torch.cuda.get_device_properties(logits.device).multi_processor_count if logits.is_cuda else 1
-        num_splits = triton.cdiv(4 * sms, max(b, 1))
+        num_splits = triton.cdiv(programs_per_sm * sms, max(b, 1))
     num_splits = max(1, min(num_splits, blocks))
-    per_split = triton.cdiv(blocks, num_splits) * BLOCK
+    per_split = triton.cdiv(blocks, num_splits) * block
     num_splits = triton.cdiv(vocab, per_split)
     part_val = torch.empty(b, num_splits, dtype=torch.float32, device=logits.device)
     part_id = torch.empty(b, num_splits, dtype=torch.int64, device=logits.device)
     if b == 0:
         return part_id[:, 0]
     _gumbel_argmax_kernel[(b, num_splits)](logits, temperature, seeds, part_val, part_id, vocab, logits.stride(0),
-                                           per_split, num_splits, BLOCK=BLOCK, num_warps=8)
+                                           per_split, num_splits, BLOCK=block, num_warps=num_warps)
     if num_splits == 1:
         return part_id[:, 0]
     return part_id.gather(1, part_val.argmax(1, keepdim=True))[:, 0]
