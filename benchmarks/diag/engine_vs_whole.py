@@ -24,10 +24,7 @@ from osserve.engine.load import EngineArgs, build_engine
 from osserve.model.checkpoint import fill_random_weights
 from osserve.model.weights import build_model
 from tests.gpu.test_model_gpu import greedy, reference_logits
-
-
-def rel(a: torch.Tensor, b: torch.Tensor) -> float:
-    return ((a.float() - b.float()).norm() / b.float().norm()).item()
+from tests.ops.attention_cases import rel_err
 
 
 def main() -> None:
@@ -56,7 +53,7 @@ def main() -> None:
     for p, t in zip(ps, tokens, strict=True):
         ref_whole = reference_logits(whole, p)[-1]
         ref_engine = reference_logits(model, p)[-1]
-        print(f"prompt of {len(p)}: engine's model vs whole (reference ops) {rel(ref_engine, ref_whole):.4f}; "
+        print(f"prompt of {len(p)}: engine's model vs whole (reference ops) {rel_err(ref_engine, ref_whole):.4f}; "
               f"argmax whole {ref_whole.argmax().item()}, engine's model {ref_engine.argmax().item()}, "
               f"engine greedy {t[0]}", flush=True)
 

@@ -112,7 +112,7 @@ class RankGroup:
         collectives were captured in CUDA graphs can hang (pytorch/pytorch issue 115388), and
         nothing is in flight any more. Waited for at most ABORT_WAIT_S."""
         if self.backend == "nccl":
-            bounded(self._pg.abort, ABORT_WAIT_S, "aborting the NCCL communicator")
+            self.abort()
         else:
             bounded(self._pg.shutdown, ABORT_WAIT_S, "shutting the gloo group down")
 
