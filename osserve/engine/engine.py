@@ -54,6 +54,7 @@ from osserve.engine.core.scheduler import Scheduler, SchedulerOutput
 from osserve.engine.in_flight import InFlightStep, can_launch_beside, can_run_ahead, ending_in_flight, start_host_copy
 from osserve.engine.speculative_step import speculates_next, speculative_step, verify_entry
 from osserve.engine.step_profile import StepProfile
+from osserve.engine.worker.mixed_graphs import QUERY_BUCKETS
 from osserve.engine.worker.runner import BatchEntry, ModelRunner
 from osserve.engine.worker.sampler import MaskUpload, RowSettings, Sampler, SamplerOutput, SamplingBatch
 from osserve.errors import InvalidRequestError
@@ -156,9 +157,11 @@ class LLMEngine:
         """Run the prefill paths once before serving, so that the first users' prompts do not wait
         for Triton to compile them (the first wave of a 256-stream benchmark waited 3.5 s for its
         first tokens). Step 1: three prompts filling the whole token budget (above 4096 tokens the
-        dense MoE path); step 2: their decodes beside seven short prompts (a mixed step: the
-        swapped MoE kernel, the attention prefill kernel with several sequences); then one prompt
-        alone. The short prompts and the lone one sample at temperature 1, as the server's requests
+        dense MoE path); step 2: their decodes beside seven short prompts and one longer than a
+        mixed-step graph takes (an eager mixed step: the swapped MoE kernel, attention split between
+        the decode and prefill kernels); then one prompt alone (without the eager mixed step, the
+        first wave of a 1k-token benchmark compiled its kernels and waited ~6 s more, H100,
+        2026-11-27). The short prompts and the lone one sample at temperature 1, as the server's requests
         do by default: the first request after start-up, alone and sampled, otherwise compiled the
         one-row logits projection and the sampling kernel (~1.1 s at 120b). The lone prompt's answer
         is bound to a JSON object: the grammar library's tokenizer, the first compile and the mask
@@ -169,7 +172,7 @@ class LLMEngine:
         budget = min(self.scheduler_config.max_num_batched_tokens, self.max_model_len - 2)
         short = max(1, min(100, budget // 4))
         waves = [[(budget - 2 * short, 2, 0.0, False), (short, 2, 0.0, False), (short, 2, 0.0, False)]
-                 + [(37, 1, 1.0, False)] * 7,
+                 + [(37, 1, 1.0, False)] * 7 + [(min(QUERY_BUCKETS[-1] + 1, budget // 2), 1, 1.0, False)],
                  [(41, 2, 1.0, True)]]
         i = 0
         for wave in waves:

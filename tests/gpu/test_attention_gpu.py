@@ -67,6 +67,19 @@ def test_prefill(window: int | None, batch: str) -> None:
 
 
 @pytest.mark.parametrize("window", [None, WINDOW])
+@pytest.mark.parametrize("batch", ["chunked", "mixed16"])
+@pytest.mark.parametrize("whole", [False, True])
+def test_mixed_batch_split(window: int | None, batch: str, whole: bool) -> None:
+    """A mixed batch's decodes by the decode kernel, its prompt chunks by the prefill kernel over
+    the range that holds them, or (whole: as a captured graph runs it) over every sequence."""
+    seqs = PREFILL[batch]
+    longer = [i for i, (_, q) in enumerate(seqs) if q > 1]
+    split = (0, len(seqs)) if whole else (longer[0], longer[-1] + 1)
+    case = make_case(seqs, H, KVH, D, BS, window, torch.bfloat16, "cuda", outside="poison", seed=len(batch) + 1)
+    check(case, False, prompt_range=split)
+
+
+@pytest.mark.parametrize("window", [None, WINDOW])
 def test_decode_cuda_graph_replays_at_new_lengths(window: int | None) -> None:
     """Capture at short lengths, grow the sequences in place, replay: still right."""
     from osserve.ops.attention.paged_triton import paged_attention_triton

@@ -116,3 +116,53 @@ def test_prefill_window_wider_than_tiles(window: int) -> None:
     case = make_case([(100, 100), (90, 21), (120, 2)], 4, 2, 16, 4, window, device=DEVICE,
                      outside="poison", seed=window)
     check(case, is_decode=False)
+
+
+# Mixed batches split in two launches (paged_attention_triton's prompt_range): one-token queries
+# before, between and after the prompt chunks, so that the prefill kernel's range holds some of them
+# (they must skip themselves) and the decode kernel meets the chunks (it must skip them).
+MIXED_SPLIT_BATCHES = {
+    "decodes_first": [(64, 1), (23, 1), (33, 20), (16, 16)],
+    "interleaved": [(40, 1), (33, 20), (95, 1), (17, 3), (1, 1)],
+    "decodes_last": [(12, 12), (50, 13), (7, 1), (130, 1)],
+}
+
+
+def prompt_range(seqs: list[tuple[int, int]]) -> tuple[int, int]:
+    from osserve.ops.attention.metadata import AttentionMetadata
+
+    meta = AttentionMetadata(torch.zeros(1), torch.zeros(1), [q for _, q in seqs], [s for s, _ in seqs], {})
+    assert meta.prompt_range is not None
+    return meta.prompt_range
+
+
+@pytest.mark.parametrize("batch", list(MIXED_SPLIT_BATCHES))
+@pytest.mark.parametrize("window", [None, 16])
+@pytest.mark.parametrize("num_splits", [1, 2])
+def test_mixed_batch_split_matches_reference(batch: str, window: int | None, num_splits: int) -> None:
+    seqs = MIXED_SPLIT_BATCHES[batch]
+    case = make_case(seqs, 4, 2, 16, 4, window, device=DEVICE, outside="poison", seed=len(batch) + num_splits)
+    check(case, is_decode=False, prompt_range=prompt_range(seqs), num_splits=num_splits)
+
+
+def test_mixed_batch_split_equals_one_launch() -> None:
+    seqs = MIXED_SPLIT_BATCHES["interleaved"]
+    case = make_case(seqs, 4, 2, 16, 4, 8, device=DEVICE, seed=5)
+    split = run_kernel(case, is_decode=False, prompt_range=prompt_range(seqs), num_splits=2)
+    whole = run_kernel(case, is_decode=False)
+    assert rel_err(split, whole.float()) < 1e-5
+
+
+def test_prompt_range_only_for_mixed_batches() -> None:
+    from osserve.ops.attention.metadata import AttentionMetadata, TreeMask
+
+    def rng(q_lens: list[int], tree: TreeMask | None = None) -> tuple[int, int] | None:
+        return AttentionMetadata(torch.zeros(1), torch.zeros(1), q_lens, [64] * len(q_lens), {}, tree).prompt_range
+
+    assert rng([1, 1, 1]) is None  # decode only
+    assert rng([5, 9]) is None  # prompts only: one launch
+    assert rng([5, 0, 9]) is None  # no one-token query
+    assert rng([1, 5, 1, 9, 1]) == (1, 4)
+    assert rng([7, 1]) == (0, 1)
+    tree = TreeMask(torch.zeros(1), torch.zeros(1), torch.zeros(1))
+    assert rng([1, 5], tree) is None  # trees take the prefill kernel whole

@@ -159,6 +159,17 @@ def test_split_kv_decode_reads_fp8_as_the_reference(num_splits: int, window: int
     assert rel_err(out, fp8_reference(case, cache)) < DECODE_TOL
 
 
+@pytest.mark.parametrize("window", [None, 8])
+def test_mixed_batch_split_reads_fp8_as_the_reference(window: int | None) -> None:
+    """A mixed batch in two launches (paged_attention_triton's prompt_range): its decodes by the
+    float16 decode kernel (hence its tolerance), its prompt chunks by the prefill kernel."""
+    seqs = [(40, 1), (33, 20), (95, 1), (17, 3), (1, 1)]
+    case = make_case(seqs, 8, 2, 16, 4, window, device=DEVICE, outside="poison", seed=13)
+    cache = quantised(case)
+    out = run_fp8(case, cache, is_decode=False, prompt_range=(1, 4), num_splits=2)
+    assert rel_err(out, fp8_reference(case, cache)) < DECODE_TOL
+
+
 @pytest.mark.parametrize("value_gain", [2.0**-16, 2.0**26])
 def test_decode_keeps_values_of_any_magnitude(value_gain: float) -> None:
     """The decode kernel's float16 products: p times the value scales is taken over the tile's

@@ -61,7 +61,9 @@ def _decode_kernel(
     s = tl.program_id(2)
     # The step's inputs (copied in before the step's kernels) may be read before the wait: ops/pdl.py.
     q_row = tl.load(qsl_ptr + b)
-    if tl.load(qsl_ptr + b + 1) == q_row:  # no query for this sequence: nothing to write
+    # No query for this sequence, or (in a mixed batch) a prompt chunk the prefill kernel answers:
+    # nothing to write.
+    if tl.load(qsl_ptr + b + 1) != q_row + 1:
         return
     seq_len = tl.load(seq_lens_ptr + b)
     # The query sits at position seq_len - 1; it sees [lo, seq_len).
@@ -157,7 +159,7 @@ def _merge_kernel(
     b = tl.program_id(0)
     h = tl.program_id(1)
     q_row = tl.load(qsl_ptr + b)
-    if tl.load(qsl_ptr + b + 1) == q_row:
+    if tl.load(qsl_ptr + b + 1) != q_row + 1:  # as in _decode_kernel
         return
     sink = tl.load(sinks_ptr + h).to(tl.float32) * 1.4426950408889634
     pdl_enter(PDL)
@@ -201,6 +203,7 @@ def paged_decode_triton(
     num_warps: int | None = None, num_stages: int | None = None,
 ) -> None:
     """Decode: q [T, H, D] with one row per sequence that has a query (rows via query_start_loc).
+    Sequences with longer queries (a mixed batch's prompt chunks) are left for the prefill kernel.
     k_scales / v_scales: an FP8 cache's scales (attention/kv_format.py). num_warps / num_stages:
     the launch's (benchmarks sweep them)."""
     num_seqs = seq_lens.shape[0]

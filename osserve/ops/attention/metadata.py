@@ -15,6 +15,7 @@ ancestors, and its real position (RoPE, the sliding window) is the root's plus i
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -72,3 +73,15 @@ class AttentionMetadata:
     @property
     def is_decode_only(self) -> bool:
         return self.tree is None and all(q == 1 for q in self.query_lens_host)
+
+    @functools.cached_property
+    def prompt_range(self) -> tuple[int, int] | None:
+        """A mixed batch (one-token queries beside longer ones, no tree): the sequences [lo, hi)
+        that hold every longer query, for attention to split the batch in two launches
+        (paged_triton.paged_attention_triton); else None."""
+        if self.tree is not None:
+            return None
+        longer = [i for i, q in enumerate(self.query_lens_host) if q > 1]
+        if not longer or 1 not in self.query_lens_host:
+            return None
+        return longer[0], longer[-1] + 1

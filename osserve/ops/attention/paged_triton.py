@@ -133,6 +133,7 @@ def _prefill_kernel(
     HAS_WINDOW: tl.constexpr,
     TREE: tl.constexpr,  # draft trees among the sequences (metadata.TreeMask)
     FP8: tl.constexpr,  # an FP8 cache (attention/kv_format.py)
+    SKIP_SINGLE: tl.constexpr,  # one-token queries are the decode kernel's (a mixed batch split)
 ):
     """One program: BLOCK_Q query tokens of sequence b x the GROUP q heads of kv head kvh.
 
@@ -145,6 +146,8 @@ def _prefill_kernel(
     q_start = tl.load(qsl_ptr + b)
     q_len = tl.load(qsl_ptr + b + 1) - q_start
     if qt * BLOCK_Q >= q_len:  # grid is sized by max_query_len; shorter sequences stop here
+        return
+    if SKIP_SINGLE and q_len == 1:
         return
     seq_len = tl.load(seq_lens_ptr + b)
     first_q_pos = seq_len - q_len  # this chunk is the last q_len positions of the sequence
@@ -226,6 +229,7 @@ def _prefill(
     scale: float, window: int | None, max_query_len: int, out: torch.Tensor,
     block_m: int | None = None, block_n: int | None = None, num_stages: int | None = None,
     tree: TreeMask | None = None, k_scales: torch.Tensor | None = None, v_scales: torch.Tensor | None = None,
+    skip_single: bool = False,
 ) -> None:
     num_seqs = seq_lens.shape[0]
     num_heads, head_dim = q.shape[1], q.shape[2]
@@ -248,7 +252,7 @@ def _prefill(
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), block_tables.stride(0), *scale_strides,
         GROUP=group, GROUP_P=group_p, BLOCK_Q=block_q, BLOCK_N=block_n, HEAD_DIM=head_dim,
         BLOCK_SIZE=block_size, HAS_WINDOW=window is not None, TREE=tree is not None, FP8=k_scales is not None,
-        num_warps=4 if block_q * group_p <= 64 else 8, num_stages=num_stages or 2,
+        SKIP_SINGLE=skip_single, num_warps=4 if block_q * group_p <= 64 else 8, num_stages=num_stages or 2,
     )
 
 
@@ -275,10 +279,18 @@ def paged_attention_triton(
     tree: TreeMask | None = None,
     k_scales: torch.Tensor | None = None,
     v_scales: torch.Tensor | None = None,
+    prompt_range: tuple[int, int] | None = None,
 ) -> torch.Tensor:
     """Paged attention on the device; returns out [T, H, D] (q's dtype). `tree`: draft trees
     among the sequences (metadata.TreeMask; the prefill kernel, whatever the query lengths).
     k_scales / v_scales: an FP8 cache's scales (attention/kv_format.py).
+
+    prompt_range (lo, hi): a mixed batch, split in two launches. Its one-token queries (decodes,
+    anywhere in the batch) go to the split-KV decode kernel, which skips the longer ones, and the
+    prefill kernel runs over sequences [lo, hi) only, which hold every longer query, skipping the
+    one-token queries among them. In one prefill launch a decode would take a 128-row tile for its
+    8 rows and the grid would run max_query_len / 16 programs a sequence for it, nearly all
+    returning at once. Graph-safe with (0, num_seqs): every choice is then made on the device.
 
     is_decode: every sequence has exactly one query (the decode kernel, split-KV). The decode path
     does no host sync and allocates only buffers whose sizes depend on (B, H, D, num_splits), so it
@@ -298,6 +310,14 @@ def paged_attention_triton(
         paged_decode_triton(q, k_cache, v_cache, sinks, query_start_loc, seq_lens, block_tables,
                             scale, window, max_seq_len, out, num_splits=num_splits, block_n=block_n,
                             k_scales=k_scales, v_scales=v_scales, num_warps=num_warps, num_stages=num_stages)
+    elif prompt_range is not None and tree is None:
+        paged_decode_triton(q, k_cache, v_cache, sinks, query_start_loc, seq_lens, block_tables,
+                            scale, window, max_seq_len, out, num_splits=num_splits,
+                            k_scales=k_scales, v_scales=v_scales)
+        lo, hi = prompt_range
+        _prefill(q, k_cache, v_cache, sinks, query_start_loc[lo:hi + 1], seq_lens[lo:hi], block_tables[lo:hi],
+                 scale, window, max_query_len, out, block_m=block_m, block_n=block_n, num_stages=num_stages,
+                 k_scales=k_scales, v_scales=v_scales, skip_single=True)
     else:
         _prefill(q, k_cache, v_cache, sinks, query_start_loc, seq_lens, block_tables, scale, window,
                  max_query_len, out, block_m=block_m, block_n=block_n, num_stages=num_stages, tree=tree,
