@@ -166,3 +166,6 @@ def test_prompt_range_only_for_mixed_batches() -> None:
     assert rng([7, 1]) == (0, 1)
     tree = TreeMask(torch.zeros(1), torch.zeros(1), torch.zeros(1))
     assert rng([1, 5], tree) is None  # trees take the prefill kernel whole
+    # A mixed-step graph: its host lists are the capture's; the replays split on the device.
+    graph = AttentionMetadata(torch.zeros(6), torch.zeros(5), [64], [4096], {}, replays_mixed=True)
+    assert graph.prompt_range == (0, 5)

@@ -85,11 +85,13 @@ class MixedGraphs:
         self.outputs: dict[tuple[int, int], torch.Tensor] = {}
 
     def _meta(self, t: int, q: int) -> AttentionMetadata:
-        # Only the bounds matter on the GPU: max_query_len sizes the prefill kernel's grid.
+        # Only the bounds matter on the GPU: max_query_len sizes the prefill kernel's grid. The
+        # replayed steps mix decodes with prompt chunks: attention tells them apart on the device.
         return AttentionMetadata(
             query_start_loc=self.query_start_loc, seq_lens=self.seq_lens,
             query_lens_host=[q], seq_lens_host=[self.max_model_len],
             groups={g: BlockTables(self.tables[g].tensor, self.slots[g][:t]) for g in self.groups},
+            replays_mixed=True,
         )
 
     @torch.inference_mode()

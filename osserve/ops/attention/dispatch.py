@@ -40,16 +40,11 @@ def paged_attention(
     if use_triton(q):
         from osserve.ops.attention.paged_triton import paged_attention_triton
 
-        # A mixed batch's decodes go to the decode kernel (paged_triton.py). A captured graph
-        # replays other batches than the one it was captured with, so there the split spans every
-        # sequence and the kernels tell decodes from prompt chunks on the device.
-        split = meta.prompt_range
-        if meta.tree is None and not meta.is_decode_only and torch.cuda.is_current_stream_capturing():
-            split = (0, meta.seq_lens.shape[0])
+        # A mixed batch's decodes go to the decode kernel (paged_triton.py, prompt_range).
         return paged_attention_triton(
             q, cache.k, cache.v, sinks, meta.query_start_loc, meta.seq_lens, tables.block_tables,
             scale, window, meta.max_query_len, meta.max_seq_len, meta.is_decode_only, tree=meta.tree,
-            k_scales=cache.k_scales, v_scales=cache.v_scales, prompt_range=split,
+            k_scales=cache.k_scales, v_scales=cache.v_scales, prompt_range=meta.prompt_range,
         )
     query_start_loc = [0]
     for n in meta.query_lens_host:

@@ -57,6 +57,9 @@ class AttentionMetadata:
     seq_lens_host: list[int]
     groups: dict[str, BlockTables]  # by layer group: "sliding", "full"
     tree: TreeMask | None = None  # draft trees among the sequences (speculative decoding)
+    # A captured mixed-step graph's (engine/worker/mixed_graphs.py): its host lists describe the
+    # capture, while the batches it replays mix one-token queries with longer ones on the device.
+    replays_mixed: bool = False
 
     @property
     def num_seqs(self) -> int:
@@ -78,9 +81,11 @@ class AttentionMetadata:
     def prompt_range(self) -> tuple[int, int] | None:
         """A mixed batch (one-token queries beside longer ones, no tree): the sequences [lo, hi)
         that hold every longer query, for attention to split the batch in two launches
-        (paged_triton.paged_attention_triton); else None."""
+        (paged_triton.paged_attention_triton); else None. A mixed-step graph's: every sequence."""
         if self.tree is not None:
             return None
+        if self.replays_mixed:
+            return 0, self.seq_lens.shape[0]
         longer = [i for i, q in enumerate(self.query_lens_host) if q > 1]
         if not longer or 1 not in self.query_lens_host:
             return None
