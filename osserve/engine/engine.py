@@ -159,10 +159,10 @@ class LLMEngine:
         first tokens). Step 1: three prompts filling the whole token budget (above 4096 tokens the
         dense MoE path); step 2: their decodes beside seven short prompts and one longer than a
         mixed-step graph takes (an eager mixed step: the swapped MoE kernel, attention split between
-        the decode and prefill kernels); then one prompt alone (without the eager mixed step, the
-        first wave of a 1k-token benchmark compiled its kernels and waited ~6 s more, H100,
-        2026-11-27). The short prompts and the lone one sample at temperature 1, as the server's requests
-        do by default: the first request after start-up, alone and sampled, otherwise compiled the
+        the decode and prefill kernels; without it the first wave of a 1k-token benchmark compiled
+        that split and its TTFT p99 grew by ~6 s, H100, 2026-11-27); then one prompt alone. The
+        short prompts and the lone one sample at temperature 1, as the server's requests do by
+        default: the first request after start-up, alone and sampled, otherwise compiled the
         one-row logits projection and the sampling kernel (~1.1 s at 120b). The lone prompt's answer
         is bound to a JSON object: the grammar library's tokenizer, the first compile and the mask
         kernel are built here, not for the first structured requests (H100, 2026-11-25: the first
