@@ -1,11 +1,5 @@
 """The engine's grammars: each constrained request's llguidance matcher, compiled off the step
-loop, fed every token the request samples, and asked each step for its token mask.
-
-Compiling takes a few ms for a typical schema (up to seconds for pathological ones) and the
-vocabulary once ~1 s: both run in a worker thread (llguidance drops the GIL), and a request joins
-the scheduler only once its matcher is ready, so a new schema never stalls the requests already
-running. Compiled grammars are cached by their text (a server sees the same few schemas over and
-over); each request gets a copy, made at once where the copy's lane is compiled already.
+loop (compiling.py), fed every token the request samples, and asked each step for its token mask.
 
 Masks of a step's rows are filled in parallel by llguidance (it drops the GIL) into one host buffer
 (a 32-bit word per 32 tokens, bit set = allowed), while the engine turns the step before's tokens
@@ -13,8 +7,8 @@ into deltas (begin_masks / end_masks). Copies of one compiled grammar share its 
 lock that a mask's computation holds: filled from many threads, they took turns (CPU, 128 JSON
 rows: 2 threads slower than 1; the serving host waited ~1.5 ms a step for 8 threads). So a grammar
 is compiled once per mask lane (MASK_THREADS of them, each compiled when a request first needs
-it), request n of a grammar copies lane n mod MASK_THREADS, and each lane's rows are filled by a
-thread of their own: no two threads share a lexer.
+it; compiling.py), request n of a grammar copies lane n mod MASK_THREADS, and each lane's rows are
+filled by a thread of their own: no two threads share a lexer.
 
 Most rows of a reasoning model's batch are in free text (the analysis channel), whose mask is the
 same at almost every step (free_text.py says where), and many more have finished their grammar and
@@ -38,9 +32,7 @@ on the step loop each token took ~4 us of a serving host's time (H100, 2026-11-2
 from __future__ import annotations
 
 import os
-import threading
 import time
-from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -49,16 +41,16 @@ import numpy as np
 import torch
 
 from osserve.structured.bounded import Bounded
+from osserve.structured.compiling import Copies, GrammarCompiler, Prepared
 from osserve.structured.free_text import FreeText, Phase
-from osserve.structured.grammar import BoundedAnswer, bounded_answer, free_channels, grammar_text
+from osserve.structured.grammar import BoundedAnswer
 from osserve.structured.json_cursor import JsonCursor, vocabulary_runs
 from osserve.structured.spec import StructuredOutputs
-from osserve.structured.vocabulary import harmony_lltokenizer, token_bytes, utf8_shapes
+from osserve.structured.vocabulary import token_bytes, utf8_shapes
 
 if TYPE_CHECKING:
     from llguidance import LLExecutor, LLMatcher
 
-CACHE_SIZE = 256  # compiled grammars kept (a few hundred KB each at most, their shared masks 25 KB each)
 # Mask lanes (a thread and a compiled copy of each grammar each): 2 (1 on a host of 2 or 3 cores).
 # Each lane's thread takes the GIL a few times a step, and at the engine's 0.2 ms switch interval
 # the loop hands it over each time: on H100 hosts (2026-11-26, benchmarks/diag/mask_interference.py)
@@ -69,41 +61,19 @@ CACHE_SIZE = 256  # compiled grammars kept (a few hundred KB each at most, their
 MASK_THREADS = int(os.environ.get("OSSERVE_MASK_THREADS", 0)) or max(1, min(2, (os.cpu_count() or 2) // 2))
 
 
-SLOW_COMPILE_S = 0.05  # a grammar that took longer to compile keeps one mask lane (Grammars._copy)
 STOPPED = b""  # the key of a finished grammar's mask (a free channel's key is its name, never empty)
-
-
-@dataclass
-class Compiled:
-    """A grammar compiled once per mask lane: the matchers its requests copy (lane n mod
-    len(lanes) for its n-th request; None: that lane not compiled yet), and the masks its requests
-    share (free channels' and the finished grammar's), learnt as the requests reach those states."""
-
-    lanes: list[LLMatcher | None]
-    masks: dict[bytes, torch.Tensor] = field(default_factory=dict)
-    copies: int = 0  # requests that copied it so far
 
 
 @dataclass
 class GrammarState:
     matcher: LLMatcher
-    lane: int  # the mask lane its matchers were copied from (Compiled.lanes)
-    masks: dict[bytes, torch.Tensor]  # its Compiled's
+    lane: int  # the mask lane its matchers were copied from (compiling.Compiled.lanes)
+    masks: dict[bytes, torch.Tensor]  # its compiling.Compiled's
     free: FreeText | None = None  # where it stands in its free channels (None: the grammar has none)
     failed: str | None = None  # why the grammar cannot go on: the request ends with finish reason "grammar"
     bounded: Bounded | None = None
     key: bytes | None = None  # the shared mask the next token takes (Grammars.next_key), None: llguidance's
     behind: list[int] = field(default_factory=list)  # accepted tokens the matcher has yet to see (accept says when)
-
-
-@dataclass(frozen=True)
-class Prepared:
-    """What the engine starts a request's grammar from (Grammars.grammar_for): its text, its free
-    channels with their budgets, its bounded answer."""
-
-    text: str
-    free: dict[str, int | None]
-    bounded: BoundedAnswer | None
 
 
 @dataclass
@@ -139,12 +109,8 @@ class Grammars:
         self.words = (vocab_size + 31) // 32
         self.pin_memory = pin_memory
         self.shared_masks = shared_masks
-        self._compiler = ThreadPoolExecutor(1, thread_name_prefix="osserve-grammar")
-        self._cache: OrderedDict[str, Compiled] = OrderedDict()
-        self._prepared: OrderedDict[tuple[str, int | None], Prepared] = OrderedDict()  # by (repr(spec), max_tokens)
-        self._cache_lock = threading.Lock()
-        self._pending: dict[str, tuple[Future[tuple[LLMatcher, Compiled, LLMatcher | None, int]],
-                                       dict[str, int | None], BoundedAnswer | None]] = {}
+        self.compiler = GrammarCompiler(lanes)
+        self._pending: dict[str, tuple[Future[Copies], dict[str, int | None], BoundedAnswer | None]] = {}
         self.states: dict[str, GrammarState] = {}
         self.num_lanes = lanes
         self._executors: list[LLExecutor] = []  # a single-threaded llguidance pool a lane (begin_masks makes them)
@@ -154,100 +120,15 @@ class Grammars:
 
     # ------------------------------------------------------------------ compiling
     def grammar_for(self, spec: StructuredOutputs, max_tokens: int | None) -> Prepared | None:
-        """The spec's grammar text, free channels and bounded answer (None: nothing is constrained),
-        remembered by the spec's repr: a server's requests repeat a few specs, and working them out
-        took ~60 µs of the step loop a request (the bounded answer most), ~15 ms for a burst of 256."""
-        key = (repr(spec), max_tokens)
-        prepared = self._prepared.get(key)
-        if prepared is None:
-            text = grammar_text(spec, max_tokens)
-            if text is None:
-                return None
-            prepared = Prepared(text, free_channels(spec, max_tokens), bounded_answer(spec, max_tokens))
-            self._prepared[key] = prepared
-            while len(self._prepared) > CACHE_SIZE:
-                self._prepared.popitem(last=False)
-        else:
-            self._prepared.move_to_end(key)
-        return prepared
+        """What a request's grammar starts from (None: nothing is constrained): compiling.py's."""
+        return self.compiler.grammar_for(spec, max_tokens)
 
     def start(self, request_id: str, grammar: str, free: dict[str, int | None] | None = None,
               bounded: BoundedAnswer | None = None) -> None:
-        """Compile (or copy from the cache) in the worker thread; `ready` hands the result over.
+        """Compile (or copy from the cache) the request's grammar; `ready` hands the result over.
         free: the grammar's free channels and their budgets (grammar.free_channels); bounded: the
         answer's string bounds taken out (grammar.bounded_answer)."""
-        copies = self._copy_cached(grammar, bounded)
-        if copies is not None:
-            future: Future[tuple[LLMatcher, Compiled, LLMatcher | None, int]] = Future()
-            future.set_result(copies)
-        else:
-            future = self._compiler.submit(self._compile_request, grammar, bounded)
-        self._pending[request_id] = (future, free or {}, bounded)
-
-    def _copy_cached(self, grammar: str, bounded: BoundedAnswer | None
-                     ) -> tuple[LLMatcher, Compiled, LLMatcher | None, int] | None:
-        """_compile_request's result made here, where the lane the request gets is compiled already
-        (its bounded answer's too): copies take microseconds, while the worker would first wait for
-        the GIL, and the request would miss the step that `ready` was next asked in (a step of
-        TTFT). None: the worker compiles."""
-        with self._cache_lock:
-            compiled = self._cache.get(grammar)
-            answer = self._cache.get(bounded.grammar) if bounded is not None else None
-            if compiled is None or bounded is not None and answer is None:
-                return None
-            lane = compiled.copies % len(compiled.lanes)
-            template = compiled.lanes[lane]
-            fast = answer.lanes[lane % len(answer.lanes)] if answer is not None else None
-            if template is None or answer is not None and fast is None:
-                return None
-            compiled.copies += 1
-            self._cache.move_to_end(grammar)
-        return template.deep_copy(), compiled, fast.deep_copy() if fast is not None else None, lane
-
-    def _compile_request(self, grammar: str, bounded: BoundedAnswer | None
-                         ) -> tuple[LLMatcher, Compiled, LLMatcher | None, int]:
-        """The request's matcher (and its bounded answer's fast one, from the same lane), the
-        compiled grammar and the lane."""
-        compiled = self._compiled(grammar)
-        with self._cache_lock:  # start() takes lanes too
-            lane = compiled.copies % len(compiled.lanes)
-            compiled.copies += 1
-        matcher = self._copy(compiled, grammar, lane)
-        if bounded is None:
-            return matcher, compiled, None, lane
-        vocabulary_runs()  # built once, here rather than on the step loop
-        answer = self._compiled(bounded.grammar)
-        fast = self._copy(answer, bounded.grammar, lane % len(answer.lanes))
-        return matcher, compiled, fast, lane
-
-    def _compiled(self, grammar: str) -> Compiled:
-        with self._cache_lock:
-            compiled = self._cache.get(grammar)
-            if compiled is not None:
-                self._cache.move_to_end(grammar)
-                return compiled
-            compiled = self._cache[grammar] = Compiled([None] * self.num_lanes)
-            while len(self._cache) > CACHE_SIZE:
-                self._cache.popitem(last=False)
-        return compiled
-
-    def _copy(self, compiled: Compiled, grammar: str, lane: int) -> LLMatcher:
-        """A copy of the grammar's matcher of that lane, compiling the lane first where it is new.
-        A grammar whose first compile took over SLOW_COMPILE_S keeps that one lane: its next
-        requests would each wait as long for theirs. (Only the compile worker calls this: a lane is
-        compiled once.)"""
-        from llguidance import LLMatcher
-
-        template = compiled.lanes[lane]
-        if template is None:
-            tokenizer, _, _ = harmony_lltokenizer(), utf8_shapes(), token_bytes()  # built once, off the step loop
-            first, start = all(t is None for t in compiled.lanes), time.perf_counter()
-            text = grammar if grammar.startswith("{") else LLMatcher.grammar_from_lark(grammar)
-            template = compiled.lanes[lane] = LLMatcher(tokenizer, text, log_level=0)
-            if first and time.perf_counter() - start > SLOW_COMPILE_S:
-                with self._cache_lock:  # _copy_cached reads the lanes under it
-                    compiled.lanes[:] = [template]
-        return template.deep_copy()
+        self._pending[request_id] = (self.compiler.submit(grammar, bounded), free or {}, bounded)
 
     def ready(self, wait: bool = False) -> list[tuple[str, str | None]]:
         """The requests whose grammar finished compiling, each with None or the error that stops it
@@ -258,10 +139,11 @@ class Grammars:
                 continue
             del self._pending[rid]
             try:
-                matcher, compiled, fast, lane = future.result()
+                copies = future.result()
             except Exception as e:  # noqa: BLE001 - the library's errors are not typed
                 done.append((rid, f"the output grammar could not be built: {e}"))
                 continue
+            matcher, fast = copies.matcher, copies.fast
             if matcher.is_error():
                 done.append((rid, f"the output grammar could not be built: {matcher.get_error()}"))
                 continue
@@ -270,7 +152,7 @@ class Grammars:
             if fast is not None and answer is not None and not fast.is_error():
                 # A raw completion's answer is its whole output: the cursor reads from the start.
                 bounded = Bounded(fast, answer, None if answer.harmony else JsonCursor(answer.bounds))
-            state = GrammarState(matcher, lane, compiled.masks,
+            state = GrammarState(matcher, copies.lane, copies.compiled.masks,
                                  FreeText(budgets, utf8_shapes()) if budgets else None, bounded=bounded)
             state.key = self.next_key(state, None)
             self.states[rid] = state
@@ -279,9 +161,7 @@ class Grammars:
 
     @staticmethod
     def prepare() -> None:
-        """Build the vocabulary's tables now (~1-2 s of Python), not in the compile worker beside the
-        first requests that need them: there they held the GIL against the step loop."""
-        harmony_lltokenizer(), utf8_shapes(), token_bytes(), vocabulary_runs()
+        GrammarCompiler.prepare()
 
     @property
     def num_pending(self) -> int:

@@ -74,7 +74,7 @@ def test_warm_up_leaves_nothing_behind(tiny_checkpoint: Path, alone: dict[str, l
     assert not eng.has_unfinished() and eng.in_flight is None
     assert stats.prompt_tokens_total == stats.generation_tokens_total == stats.prefix_cache_queries == 0
     assert stats.num_free_blocks == stats.num_total_blocks and eng.profile.steps == 0
-    assert not eng.grammars.states and len(eng.grammars._cache) == 1  # the JSON-object grammar, built ahead
+    assert not eng.grammars.states and len(eng.grammars.compiler._cache) == 1  # the JSON-object grammar, built ahead
     assert run(eng, prompts(), GREEDY) == alone
 
 

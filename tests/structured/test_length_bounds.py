@@ -271,7 +271,7 @@ def test_a_grammars_lanes_are_compiled_as_its_requests_first_need_them() -> None
     assert answer is not None
 
     def compiled_lanes() -> list[int]:
-        return [sum(m is not None for m in grammars._cache[g].lanes) for g in (text, answer.grammar)]
+        return [sum(m is not None for m in grammars.compiler._cache[g].lanes) for g in (text, answer.grammar)]
 
     lanes, fast_templates = [], set()
     for n in range(5):
@@ -282,7 +282,7 @@ def test_a_grammars_lanes_are_compiled_as_its_requests_first_need_them() -> None
         assert state.bounded is not None
         if n == 0:
             assert compiled_lanes() == [1, 1]
-        fast_templates.add(id(grammars._cache[answer.grammar].lanes[state.lane]))
+        fast_templates.add(id(grammars.compiler._cache[answer.grammar].lanes[state.lane]))
     assert lanes == [0, 1, 2, 0, 1]
     assert compiled_lanes() == [3, 3]
     assert len(fast_templates) == 3
@@ -291,10 +291,10 @@ def test_a_grammars_lanes_are_compiled_as_its_requests_first_need_them() -> None
 def test_a_grammar_slow_to_compile_keeps_one_lane(monkeypatch: pytest.MonkeyPatch) -> None:
     """Where the first compile took longer than SLOW_COMPILE_S, the next requests copy it instead of
     each waiting for a lane of their own."""
-    from osserve.structured import matchers
+    from osserve.structured import compiling
     from osserve.structured.grammar import check
 
-    monkeypatch.setattr(matchers, "SLOW_COMPILE_S", 0.0)
+    monkeypatch.setattr(compiling, "SLOW_COMPILE_S", 0.0)
     grammars = Grammars(load_tokenizer().vocab_size, lanes=3)
     spec = StructuredOutputs(json_schema=TIGHT)
     text = check(spec)
@@ -305,7 +305,7 @@ def test_a_grammar_slow_to_compile_keeps_one_lane(monkeypatch: pytest.MonkeyPatc
         assert grammars.ready(wait=True) == [(f"r{n}", None)]
         assert grammars.states[f"r{n}"].lane == 0
     assert answer is not None
-    assert [len(grammars._cache[g].lanes) for g in (text, answer.grammar)] == [1, 1]
+    assert [len(grammars.compiler._cache[g].lanes) for g in (text, answer.grammar)] == [1, 1]
 
 
 def test_a_request_whose_lane_is_compiled_is_ready_at_once() -> None:
@@ -321,7 +321,7 @@ def test_a_request_whose_lane_is_compiled_is_ready_at_once() -> None:
     for n in range(2):  # lanes 0 and 1: compiled by the worker
         grammars.start(f"c{n}", text, {}, answer)
         assert grammars.ready(wait=True) == [(f"c{n}", None)]
-    grammars._compiler.shutdown(wait=True)  # from here a submit to the worker would raise
+    grammars.compiler._compiler.shutdown(wait=True)  # from here a submit to the worker would raise
     for n in range(4):  # every lane compiled: copied in start()
         grammars.start(f"r{n}", text, {}, answer)
         assert grammars.ready() == [(f"r{n}", None)]
