@@ -156,9 +156,10 @@ class LLMEngine:
     def warm_up(self) -> None:
         """Run the prefill paths once before serving, so that the first users' prompts do not wait
         for Triton to compile them (the first wave of a 256-stream benchmark waited 3.5 s for its
-        first tokens). Step 1: three prompts filling the whole token budget (above 4096 tokens the
-        dense MoE path); step 2: their decodes beside seven short prompts and one longer than a
-        mixed-step graph takes (an eager mixed step: the swapped MoE kernel, attention split between
+        first tokens). Step 1: three prompts filling the token budget, or a whole context where that
+        is smaller (above 4096 tokens the dense MoE path); step 2: their decodes beside seven short
+        prompts and one longer than a mixed-step graph takes, added after step 1 so that they cannot
+        join it (an eager mixed step: the swapped MoE kernel, attention split between
         the decode and prefill kernels; without it the first wave of a 1k-token benchmark compiled
         that split and its TTFT p99 grew by ~6 s, H100, 2026-11-27); then one prompt alone. The
         short prompts and the lone one sample at temperature 1, as the server's requests do by
@@ -171,20 +172,25 @@ class LLMEngine:
         self.grammars.prepare()
         budget = min(self.scheduler_config.max_num_batched_tokens, self.max_model_len - 2)
         short = max(1, min(100, budget // 4))
-        waves = [[(budget - 2 * short, 2, 0.0, False), (short, 2, 0.0, False), (short, 2, 0.0, False)]
-                 + [(37, 1, 1.0, False)] * 7 + [(min(QUERY_BUCKETS[-1] + 1, budget // 2), 1, 1.0, False)],
-                 [(41, 2, 1.0, True)]]
-        i = 0
-        for wave in waves:
-            for n, out, temperature, json_answer in wave:
-                # Distinct prompts: none may be served from another's cached prefix.
+        ids = iter(range(1_000_000))
+
+        def add(requests: list[tuple[int, int, float, bool]]) -> None:
+            for n, out, temperature, json_answer in requests:
+                i = next(ids)  # distinct prompts: none may be served from another's cached prefix
                 structured = StructuredOutputs(json_object=True) if json_answer else None
                 self.add_request(f"warm-up-{i}", [(7 * t + 101 * i) % 1000 for t in range(n)],
                                  SamplingParams(temperature=temperature, max_tokens=out, ignore_eos=True,
                                                 structured=structured))
-                i += 1
-            while self.has_unfinished():
-                self.step()
+
+        add([(budget - 2 * short, 2, 0.0, False), (short, 2, 0.0, False), (short, 2, 0.0, False)])
+        self.step()
+        # Added after step 1, so that step 2 runs them beside its decodes whatever the step's budget.
+        add([(37, 1, 1.0, False)] * 7 + [(min(QUERY_BUCKETS[-1] + 1, budget // 2), 1, 1.0, False)])
+        while self.has_unfinished():
+            self.step()
+        add([(41, 2, 1.0, True)])
+        while self.has_unfinished():
+            self.step()
         self.prompt_tokens_total = self.generation_tokens_total = 0
         self.profile = StepProfile()
         self.kv.stats = KVCacheStats()

@@ -78,6 +78,21 @@ def test_warm_up_leaves_nothing_behind(tiny_checkpoint: Path, alone: dict[str, l
     assert run(eng, prompts(), GREEDY) == alone
 
 
+def test_warm_up_runs_an_eager_mixed_step(tiny_checkpoint: Path) -> None:
+    """The warm-up's second step runs decodes beside a prompt longer than any mixed-step graph
+    takes (mixed_graphs.QUERY_BUCKETS), so on a GPU it launches, and compiles, attention's split of a
+    mixed batch before the first users' steps need it."""
+    from osserve.engine.worker.mixed_graphs import QUERY_BUCKETS
+
+    eng = make_engine(tiny_checkpoint)
+    steps: list[list[int]] = []
+    run_step = eng.runner.run
+    eng.runner.run = lambda entries, *a, **k: steps.append([len(e.token_ids) for e in entries]) or run_step(  # type: ignore[method-assign]
+        entries, *a, **k)
+    eng.warm_up()
+    assert any(1 in lens and max(lens) > QUERY_BUCKETS[-1] for lens in steps), steps
+
+
 def test_tiny_chunks_equal_alone(tiny_checkpoint: Path, alone: dict[str, list[int]]) -> None:
     eng = make_engine(tiny_checkpoint, max_num_batched_tokens=7, no_prefix_caching=True)
     assert run(eng, prompts(), GREEDY) == alone
