@@ -54,13 +54,11 @@ from osserve.engine.core.scheduler import Scheduler, SchedulerOutput
 from osserve.engine.in_flight import InFlightStep, can_launch_beside, can_run_ahead, ending_in_flight, start_host_copy
 from osserve.engine.speculative_step import speculates_next, speculative_step, verify_entry
 from osserve.engine.step_profile import StepProfile
-from osserve.engine.worker.mixed_graphs import QUERY_BUCKETS
 from osserve.engine.worker.runner import BatchEntry, ModelRunner
 from osserve.engine.worker.sampler import MaskUpload, RowSettings, Sampler, SamplerOutput, SamplingBatch
 from osserve.errors import InvalidRequestError
 from osserve.speculative.decoder import SpeculativeDecoder
 from osserve.structured.matchers import Grammars
-from osserve.structured.spec import StructuredOutputs
 from osserve.tokenizer import Tokenizer
 
 
@@ -153,44 +151,8 @@ class LLMEngine:
     def has_unfinished(self) -> bool:
         return bool(self.requests)
 
-    def warm_up(self) -> None:
-        """Run the prefill paths once before serving, so that the first users' prompts do not wait
-        for Triton to compile them (the first wave of a 256-stream benchmark waited 3.5 s for its
-        first tokens). Step 1: three prompts filling the token budget, or a whole context where that
-        is smaller (above 4096 tokens the dense MoE path); step 2: their decodes beside seven short
-        prompts and one longer than a mixed-step graph takes, added after step 1 so that they cannot
-        join it (an eager mixed step: the swapped MoE kernel, attention split between
-        the decode and prefill kernels; without it the first wave of a 1k-token benchmark compiled
-        that split and its TTFT p99 grew by ~6 s, H100, 2026-11-27); then one prompt alone. The
-        short prompts and the lone one sample at temperature 1, as the server's requests do by
-        default: the first request after start-up, alone and sampled, otherwise compiled the
-        one-row logits projection and the sampling kernel (~1.1 s at 120b). The lone prompt's answer
-        is bound to a JSON object: the grammar library's tokenizer, the first compile and the mask
-        kernel are built here, not for the first structured requests (H100, 2026-11-25: the first
-        round of 1,024 schema-bound requests at c=256 had a TTFT p90 of 3.7-4.4 s, the next 0.37 s).
-        Leaves no request and no statistics behind; the prompts' blocks and the grammar stay cached."""
-        self.grammars.prepare()
-        budget = min(self.scheduler_config.max_num_batched_tokens, self.max_model_len - 2)
-        short = max(1, min(100, budget // 4))
-        ids = iter(range(1_000_000))
-
-        def add(requests: list[tuple[int, int, float, bool]]) -> None:
-            for n, out, temperature, json_answer in requests:
-                i = next(ids)  # distinct prompts: none may be served from another's cached prefix
-                structured = StructuredOutputs(json_object=True) if json_answer else None
-                self.add_request(f"warm-up-{i}", [(7 * t + 101 * i) % 1000 for t in range(n)],
-                                 SamplingParams(temperature=temperature, max_tokens=out, ignore_eos=True,
-                                                structured=structured))
-
-        add([(budget - 2 * short, 2, 0.0, False), (short, 2, 0.0, False), (short, 2, 0.0, False)])
-        self.step()
-        # Added after step 1, so that step 2 runs them beside its decodes whatever the step's budget.
-        add([(37, 1, 1.0, False)] * 7 + [(min(QUERY_BUCKETS[-1] + 1, budget // 2), 1, 1.0, False)])
-        while self.has_unfinished():
-            self.step()
-        add([(41, 2, 1.0, True)])
-        while self.has_unfinished():
-            self.step()
+    def reset_stats(self) -> None:
+        """Forget the counts so far (warm_up.py's requests are not the server's)."""
         self.prompt_tokens_total = self.generation_tokens_total = 0
         self.profile = StepProfile()
         self.kv.stats = KVCacheStats()

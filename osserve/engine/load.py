@@ -32,6 +32,7 @@ from osserve.engine.memory import (
     simulated_gpu_bytes,
     workspace_bytes,
 )
+from osserve.engine.warm_up import warm_up
 from osserve.engine.worker.kv_tensors import KVPlan, allocate_kv_caches, layer_groups, plan_kv_cache
 from osserve.engine.worker.runner import ModelRunner
 from osserve.errors import ConfigError
@@ -190,7 +191,7 @@ def build_engine(args: EngineArgs) -> LLMEngine:
                         enable_prefix_caching=rank.cache.enable_prefix_caching)
     engine = LLMEngine(EngineParts(cfg, rank.cache, sched, rank.runner, kv, load_tokenizer(), rank.decoder))
     if device.type == "cuda":
-        engine.warm_up()
+        warm_up(engine)
     return engine
 
 

@@ -10,6 +10,7 @@ import torch
 from osserve.engine.core.sampling_params import SamplingParams
 from osserve.engine.engine import LLMEngine
 from osserve.engine.load import EngineArgs, build_engine
+from osserve.engine.warm_up import warm_up
 from osserve.errors import ContextLengthError, InvalidRequestError
 
 MAX_TOKENS = 12
@@ -69,7 +70,7 @@ def test_warm_up_leaves_nothing_behind(tiny_checkpoint: Path, alone: dict[str, l
     """warm_up (run before serving on a GPU) leaves no request, no counts, every block free, and
     outputs unchanged. A small budget makes its first prompt fill a whole step."""
     eng = make_engine(tiny_checkpoint, max_num_batched_tokens=64)
-    eng.warm_up()
+    warm_up(eng)
     stats = eng.stats()
     assert not eng.has_unfinished() and eng.in_flight is None
     assert stats.prompt_tokens_total == stats.generation_tokens_total == stats.prefix_cache_queries == 0
@@ -89,7 +90,7 @@ def test_warm_up_runs_an_eager_mixed_step(tiny_checkpoint: Path) -> None:
     run_step = eng.runner.run
     eng.runner.run = lambda entries, *a, **k: steps.append([len(e.token_ids) for e in entries]) or run_step(  # type: ignore[method-assign]
         entries, *a, **k)
-    eng.warm_up()
+    warm_up(eng)
     assert any(1 in lens and max(lens) > QUERY_BUCKETS[-1] for lens in steps), steps
 
 

@@ -1,0 +1,64 @@
+"""Warming a GPU engine up before it serves: its kernels run once, so that the first users'
+prompts do not wait for Triton to compile them (the first wave of a 256-stream benchmark waited
+3.5 s for its first tokens).
+
+- Step 1: three prompts filling the token budget, or a whole context where that is smaller (above
+  4096 tokens the dense MoE path).
+- Step 2: their decodes beside seven short prompts and one longer than a mixed-step graph takes,
+  added after step 1 so that they cannot join it: an eager mixed step (the swapped MoE kernel,
+  attention split between the decode and prefill kernels). Without it, the first wave of a
+  1k-token benchmark compiled that split and its TTFT p99 grew by ~6 s (H100, 2026-11-27).
+- Then one prompt alone.
+
+The short prompts and the lone one sample at temperature 1, as the server's requests do by
+default: the first request after start-up, alone and sampled, otherwise compiled the one-row
+logits projection and the sampling kernel (~1.1 s at 120b). The lone prompt's answer is bound to a
+JSON object: the grammar library's tokenizer, the first compile and the mask kernel are built here,
+not for the first structured requests (H100, 2026-11-25: the first round of 1,024 schema-bound
+requests at c=256 had a TTFT p90 of 3.7-4.4 s, the next 0.37 s).
+
+Leaves no request and no statistics behind; the prompts' blocks and the grammar stay cached.
+"""
+
+from __future__ import annotations
+
+from itertools import count
+from typing import TYPE_CHECKING
+
+from osserve.engine.core.sampling_params import SamplingParams
+from osserve.engine.worker.mixed_graphs import QUERY_BUCKETS
+from osserve.structured.spec import StructuredOutputs
+
+if TYPE_CHECKING:
+    from osserve.engine.engine import LLMEngine
+
+# (prompt tokens, max_tokens, temperature, answer bound to a JSON object)
+WarmUpRequest = tuple[int, int, float, bool]
+
+
+def warm_up(engine: LLMEngine) -> None:
+    """Run the steps the module docstring lists, then forget their counts."""
+    engine.grammars.prepare()
+    budget = min(engine.scheduler_config.max_num_batched_tokens, engine.max_model_len - 2)
+    short = max(1, min(100, budget // 4))
+    ids = count()
+
+    def add(requests: list[WarmUpRequest]) -> None:
+        for n, out, temperature, json_answer in requests:
+            i = next(ids)  # distinct prompts: none may be served from another's cached prefix
+            structured = StructuredOutputs(json_object=True) if json_answer else None
+            engine.add_request(f"warm-up-{i}", [(7 * t + 101 * i) % 1000 for t in range(n)],
+                               SamplingParams(temperature=temperature, max_tokens=out, ignore_eos=True,
+                                              structured=structured))
+
+    def run_to_end() -> None:
+        while engine.has_unfinished():
+            engine.step()
+
+    add([(budget - 2 * short, 2, 0.0, False), (short, 2, 0.0, False), (short, 2, 0.0, False)])
+    engine.step()
+    add([(37, 1, 1.0, False)] * 7 + [(min(QUERY_BUCKETS[-1] + 1, budget // 2), 1, 1.0, False)])
+    run_to_end()
+    add([(41, 2, 1.0, True)])
+    run_to_end()
+    engine.reset_stats()
