@@ -310,18 +310,16 @@ def paged_attention_triton(
         paged_decode_triton(q, k_cache, v_cache, sinks, query_start_loc, seq_lens, block_tables,
                             scale, window, max_seq_len, out, num_splits=num_splits, block_n=block_n,
                             k_scales=k_scales, v_scales=v_scales, num_warps=num_warps, num_stages=num_stages)
-    elif prompt_range is not None and tree is None:
-        paged_decode_triton(q, k_cache, v_cache, sinks, query_start_loc, seq_lens, block_tables,
-                            scale, window, max_seq_len, out, num_splits=num_splits,
-                            k_scales=k_scales, v_scales=v_scales)
-        lo, hi = prompt_range
+    else:
+        split = prompt_range if tree is None else None
+        if split is not None:
+            paged_decode_triton(q, k_cache, v_cache, sinks, query_start_loc, seq_lens, block_tables,
+                                scale, window, max_seq_len, out, num_splits=num_splits,
+                                k_scales=k_scales, v_scales=v_scales)
+        lo, hi = split or (0, seq_lens.shape[0])
         _prefill(q, k_cache, v_cache, sinks, query_start_loc[lo:hi + 1], seq_lens[lo:hi], block_tables[lo:hi],
                  scale, window, max_query_len, out, block_m=block_m, block_n=block_n, num_stages=num_stages,
-                 k_scales=k_scales, v_scales=v_scales, skip_single=True)
-    else:
-        _prefill(q, k_cache, v_cache, sinks, query_start_loc, seq_lens, block_tables, scale, window,
-                 max_query_len, out, block_m=block_m, block_n=block_n, num_stages=num_stages, tree=tree,
-                 k_scales=k_scales, v_scales=v_scales)
+                 tree=tree, k_scales=k_scales, v_scales=v_scales, skip_single=split is not None)
     return out
 
 
