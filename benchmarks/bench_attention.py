@@ -57,9 +57,10 @@ def work(seqs: list[tuple[int, int]], window: int | None) -> tuple[float, float]
     return bytes_, 4.0 * H * D * pairs
 
 
-def time_case(seqs, window, is_decode: bool, fp8: bool = False, **kw) -> float:
-    """Median ms of one launch; fp8: the cache as `--kv-cache-dtype fp8` stores it (e4m3 codes and a
-    scale per token and kv head, ops/attention/kv_format.py)."""
+def attention_call(seqs, window, is_decode: bool, fp8: bool = False, **kw):
+    """(fn, out): one launch of paged attention over build(seqs, window)'s inputs, writing `out`;
+    fp8: the cache as `--kv-cache-dtype fp8` stores it (e4m3 codes and a scale per token and kv head,
+    ops/attention/kv_format.py); kw: paged_attention_triton's keywords."""
     q, k, v, sinks, qsl, lens, tables = build(seqs, window)
     if fp8:
         (k, kw["k_scales"]), (v, kw["v_scales"]) = quantize_reference(k), quantize_reference(v)
@@ -68,6 +69,12 @@ def time_case(seqs, window, is_decode: bool, fp8: bool = False, **kw) -> float:
     maxs = max(s for s, _ in seqs)
     fn = lambda: paged_attention_triton(q, k, v, sinks, qsl, lens, tables, D ** -0.5, window,  # noqa: E731
                                         maxq, maxs, is_decode, out=out, **kw)
+    return fn, out
+
+
+def time_case(seqs, window, is_decode: bool, fp8: bool = False, **kw) -> float:
+    """Median ms of one launch (attention_call's)."""
+    fn, out = attention_call(seqs, window, is_decode, fp8, **kw)
     fn()
     torch.cuda.synchronize()
     if is_decode:

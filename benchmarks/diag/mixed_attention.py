@@ -18,9 +18,8 @@ import torch
 import triton
 import triton.testing
 
-from benchmarks.bench_attention import WINDOW, D, build
-from osserve.ops.attention.kv_format import quantize_reference
-from osserve.ops.attention.paged_triton import paged_attention_triton
+from benchmarks.bench_attention import WINDOW, attention_call
+from tests.ops.attention_cases import rel_err
 
 
 def parse(case: str) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
@@ -28,22 +27,6 @@ def parse(case: str) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
     b, c = (int(x) for x in dec.split("x"))
     p, n = (int(x) for x in pre.split("x"))
     return [(c, 1)] * b, [(n, n)] * p
-
-
-def runner(seqs: list[tuple[int, int]], window: int | None, fp8: bool, prompt_range: tuple[int, int] | None,
-           decode_only: bool = False):  # type: ignore[no-untyped-def]
-    q, k, v, sinks, qsl, lens, tables = build(seqs, window)
-    kw = {}
-    if fp8:
-        (k, kw["k_scales"]), (v, kw["v_scales"]) = quantize_reference(k), quantize_reference(v)
-    out = torch.empty_like(q)
-    maxq = max(n for _, n in seqs)
-    maxs = max(s for s, _ in seqs)
-
-    def fn() -> torch.Tensor:
-        return paged_attention_triton(q, k, v, sinks, qsl, lens, tables, D ** -0.5, window, maxq, maxs,
-                                      decode_only, out=out, prompt_range=prompt_range, **kw)
-    return fn, out
 
 
 def main() -> None:
@@ -58,16 +41,16 @@ def main() -> None:
         split = (len(decodes), len(seqs))
         for fp8 in (False, True):
             for window in (None, WINDOW):
-                one, out_one = runner(seqs, window, fp8, None)
-                two, out_two = runner(seqs, window, fp8, split)
+                one, out_one = attention_call(seqs, window, False, fp8)
+                two, out_two = attention_call(seqs, window, False, fp8, prompt_range=split)
                 one()
                 two()
                 torch.cuda.synchronize()
-                err = ((out_two.float() - out_one.float()).norm() / out_one.float().norm()).item()
+                err = rel_err(out_two, out_one.float())
                 assert err < (2e-2 if fp8 else 1e-2), (case, fp8, window, err)
                 assert not out_two.isnan().any()
-                dec, _ = runner(decodes, window, fp8, None, decode_only=True)
-                pre, _ = runner(prompts, window, fp8, None)
+                dec, _ = attention_call(decodes, window, True, fp8)
+                pre, _ = attention_call(prompts, window, False, fp8)
                 t = [triton.testing.do_bench_cudagraph(f, rep=50, return_mode="median") * 1e3
                      for f in (one, two, dec, pre)]
                 rows.append((case, "fp8" if fp8 else "bf16", "sliding" if window else "full", err, *t))
