@@ -30,13 +30,30 @@ def token_tiles(ids: torch.Tensor, num_experts: int, bt: int) -> int:
 
 
 def variant(spec: str) -> tuple[str, dict]:
-    """"bt:tiles:stages[:r][:gN][:dN]" -> (its column name, fused_moe_gluon's keyword arguments)."""
+    """"bt:tiles:stages[:r][:gN][:dN][:xN]" -> (its column name, fused_moe_gluon's keyword arguments)."""
     bt, tiles, stages, *flags = spec.split(":")
     caps = {f[0]: int(f[1:]) for f in flags if f[0] in "gd"}
     kwargs = {"block_t": int(bt), "gate_up_tiles": int(tiles), "stages": int(stages), "ragged": "r" in flags}
+    for flag in (f for f in flags if f[0] == "x"):
+        kwargs["down_tiles"] = int(flag[1:])
     if caps:
         kwargs["max_registers"] = (caps.get("g"), caps.get("d"))
     return f"bt{bt} x{tiles} st{stages}" + "".join(f" {f}" for f in flags), kwargs
+
+
+def kernel_times_us(fn, reps: int = 10) -> dict[str, float]:
+    """Each kernel's mean µs a call of fn (a layer's MoE), by torch.profiler over reps calls."""
+    fn()
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for _ in range(reps):
+            fn()
+        torch.cuda.synchronize()
+    totals: dict[str, float] = {}
+    for event in prof.key_averages():
+        if event.device_type == torch.autograd.DeviceType.CUDA:
+            totals[event.key] = totals.get(event.key, 0.0) + event.device_time_total / reps
+    return dict(sorted(totals.items(), key=lambda kv: -kv[1]))
 
 
 def main() -> None:
@@ -44,7 +61,10 @@ def main() -> None:
     parser.add_argument("--tokens", default="20b:128,192,256,320,384;120b:256,384,512")
     parser.add_argument("--variants", default="16:1:4,32:1:3,32:2:3,64:1:3,64:2:3,64:1:2,32:2:4",
                         help="token tile:gate/up tiles:ring depth, then optionally :r (ragged tiles: gluon.py's "
-                             "RAGGED), :gN / :dN (gate/up / down register caps), comma separated")
+                             "RAGGED), :gN / :dN (gate/up / down register caps), :xN (down tiles a program), comma "
+                             "separated")
+    parser.add_argument("--kernels", action="store_true",
+                        help="also each kernel's µs a layer (torch.profiler, eager launches), for every variant")
     args = parser.parse_args()
     variants = [variant(v) for v in args.variants.split(",")]
     props = torch.cuda.get_device_properties(0)
@@ -67,6 +87,11 @@ def main() -> None:
                 times[name] = graph_time_us([partial(run, x, w, ids, p, LIMIT) for p in gluon])
             # Timed again last: the first timing of a row ran 2-4% under its explicit twin (2026-11-26).
             times["default again"] = graph_time_us([partial(fused_moe_gluon, x, w, ids, p, LIMIT) for p in gluon])
+            if args.kernels:
+                for name, kwargs in [("default", {}), *variants]:
+                    parts = kernel_times_us(partial(fused_moe_gluon, x, w, ids, gluon[0], LIMIT, **kwargs))
+                    print(f"kernels {model} T={t} {name}: " + ", ".join(f"{k[:40]} {v:.1f}" for k, v in parts.items()),
+                          flush=True)
             counts = {bt: token_tiles(ids, num_experts, bt) for bt in (16, 32, 64)}
             print(f"time {model} T={t}: tiles {counts}; " + ", ".join(f"{k} {v:.1f}" for k, v in times.items()),
                   flush=True)

@@ -70,13 +70,16 @@ def test_matches_float32_reference(layer, num_tokens: int, mode: str, kernel: st
                                      "ring-2", "tile-16-ring-3", "tile-32-ring-4", "one-row-tile", "two-row-tiles",
                                      "one-row-tile-max-split", "down-unsplit", "down-max-split", "no-copy-warp",
                                      "copy-warp-tile-32", "copy-warp-ring-2", "copy-warp-max-split", "ragged-64",
-                                     "ragged-64-one-row-tile", "ragged-64-split", "ragged-32", "plain-64"])
+                                     "ragged-64-one-row-tile", "ragged-64-split", "ragged-32", "plain-64",
+                                     "down-two-tiles-16-split", "down-two-tiles-32", "down-two-tiles-ragged-32",
+                                     "down-two-tiles-64"])
 def test_gluon_matches_float32_reference(layer, fragments, num_tokens: int, mode: str, variant: str) -> None:
     """K = 2880 ends on a 64-column tail step; 5000 tokens run as two chunks. The variants: K split
     (to 2 programs per SM, and to the most), each token tile, shared-memory rings of 2-4 steps, one
     or two 64-row gate/up tiles per program, the down GEMM's K split alone, the K loops with and
     without a copy warp (moe/gluon_ws.py), ragged token tiles (an expert's last tile at half its rows
-    where its second half is empty) and plain ones."""
+    where its second half is empty) and plain ones, and two 64-row down tiles a program (hidden's 45
+    tiles: the last program's second tile repeats its first and stores nothing)."""
     experts, _ = layer
     x = torch.randn(num_tokens, HIDDEN, device="cuda").bfloat16()
     weights, ids = random_routing(num_tokens, EXPERTS, TOP_K, mode, device="cuda")
@@ -96,7 +99,11 @@ def test_gluon_matches_float32_reference(layer, fragments, num_tokens: int, mode
               "ragged-64-one-row-tile": {"block_t": 64, "ragged": True, "gate_up_tiles": 1},
               "ragged-64-split": {"block_t": 64, "ragged": True, "min_programs": 10**6, "down_min_programs": 10**6},
               "ragged-32": {"block_t": 32, "ragged": True, "ws": False},
-              "plain-64": {"block_t": 64, "ragged": False}}[variant]
+              "plain-64": {"block_t": 64, "ragged": False},
+              "down-two-tiles-16-split": {"block_t": 16, "down_tiles": 2, "ws": False, "down_min_programs": 10**6},
+              "down-two-tiles-32": {"block_t": 32, "down_tiles": 2, "ragged": False, "ws": False},
+              "down-two-tiles-ragged-32": {"block_t": 32, "down_tiles": 2, "ragged": True, "ws": False},
+              "down-two-tiles-64": {"block_t": 64, "down_tiles": 2}}[variant]
     out = moe_gluon.fused_moe_gluon(x, weights.bfloat16(), ids, fragments, LIMIT, **kwargs)
     assert out.dtype == torch.bfloat16 and out.shape == (num_tokens, HIDDEN)
     assert torch.isfinite(out).all()

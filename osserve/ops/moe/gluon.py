@@ -167,20 +167,28 @@ def _gate_up_kernel(
 def _down_rows(act_ptr, w_ptr, s_ptr, b_ptr, y_ptr, topk_w_ptr, sorted_ptr, expert, row0, pid_s, pid_w,
                num_slots, N, K, k_per_split, stride_am, stride_we, stride_wt, stride_se, stride_st, stride_be,
                stride_ys, stride_ym, ROWS: gl.constexpr, UNSCALE: gl.constexpr, STAGES: gl.constexpr,
-               PDL: gl.constexpr):
-    """A down program's work on ROWS plan rows from row0, by the cp.async K loop."""
+               PDL: gl.constexpr, TILES: gl.constexpr):
+    """A down program's work on ROWS plan rows from row0, by the cp.async K loop: TILES (1 or 2)
+    consecutive 64-row weight tiles. Where N's tiles are odd in number, the last program's second tile
+    repeats its first, and its rows (past N) are not stored."""
     rows, slot, row_ok = _tile_rows(sorted_ptr, row0, num_slots, ROWS, gl.SliceLayout(1, X_LAYOUT))
     kcol = gl.arange(0, BLOCK_K, layout=gl.SliceLayout(0, X_LAYOUT))
     x_ptrs = act_ptr + rows[:, None].to(gl.int64) * stride_am + kcol[None, :]  # plan rows, sorted order
-    w_ptrs, s_ptrs, w_mask, word = weight_pointers(w_ptr, s_ptr, expert, pid_w, N, stride_we, stride_wt,
+    tile = pid_w * TILES
+    w_ptrs, s_ptrs, w_mask, word = weight_pointers(w_ptr, s_ptr, expert, tile, N, stride_we, stride_wt,
                                                     stride_se, stride_st, WORD_LAYOUT)
+    second = (tile + 1) * 64 < N
     k_start = pid_s * k_per_split
     k_end = gl.minimum(K, k_start + k_per_split)
-    acc, _ = k_loop(w_ptrs, s_ptrs, 0, 0, x_ptrs, row_ok[:, None], w_mask, word, kcol, k_start, k_end, K,
-                    ROWS, False, STAGES, PDL)
-    inputs = down_epilogue_inputs(pid_w, pid_s, row0, expert, N, b_ptr, topk_w_ptr, sorted_ptr, num_slots,
-                                  stride_be, ROWS)
-    down_store(acc, inputs, pid_s, y_ptr, stride_ys, stride_ym, UNSCALE)
+    acc_a, acc_b = k_loop(w_ptrs, s_ptrs, gl.where(second, stride_wt, 0), gl.where(second, stride_st, 0), x_ptrs,
+                          row_ok[:, None], w_mask, word, kcol, k_start, k_end, K, ROWS, TILES == 2, STAGES, PDL)
+    inputs_a = down_epilogue_inputs(tile, pid_s, row0, expert, N, b_ptr, topk_w_ptr, sorted_ptr, num_slots,
+                                    stride_be, ROWS)
+    down_store(acc_a, inputs_a, pid_s, y_ptr, stride_ys, stride_ym, UNSCALE)
+    if TILES == 2:
+        inputs_b = down_epilogue_inputs(tile + 1, pid_s, row0, expert, N, b_ptr, topk_w_ptr, sorted_ptr, num_slots,
+                                        stride_be, ROWS)
+        down_store(acc_b, inputs_b, pid_s, y_ptr, stride_ys, stride_ym, UNSCALE)
 
 
 @gluon.jit(do_not_specialize=_PER_STEP)
@@ -191,12 +199,13 @@ def _down_kernel(
     num_slots, N, K, num_t_blocks, num_splits, k_per_split,
     stride_am, stride_we, stride_wt, stride_se, stride_st, stride_be, stride_ys, stride_ym,
     BLOCK_T: gl.constexpr, UNSCALE: gl.constexpr, STAGES: gl.constexpr, PDL: gl.constexpr, WS: gl.constexpr,
-    RAGGED: gl.constexpr,
+    RAGGED: gl.constexpr, TILES: gl.constexpr,
 ):
     """With PDL the wait for the gate/up kernel is in the K loop, after its first weight copies. The
     routing plan read before it comes from the kernel before gate/up (the router or the plan's own
     launch), which gate/up waited for before it let this kernel launch (ops/pdl.py). RAGGED: as
-    _gate_up_kernel's (the same tiles run at half their rows in both)."""
+    _gate_up_kernel's (the same tiles run at half their rows in both). TILES: 64-row weight tiles a
+    program (1 or 2; the copy-warp loop takes 1), as _gate_up_kernel's."""
     pid_t, pid_s, pid_w = _program(num_t_blocks, num_splits)
     row0 = pid_t * BLOCK_T
     if row0 >= gl.load(num_padded_ptr):
@@ -214,11 +223,11 @@ def _down_kernel(
     elif RAGGED and _second_half_empty(sorted_ptr, row0, num_slots, BLOCK_T):
         _down_rows(act_ptr, w_ptr, s_ptr, b_ptr, y_ptr, topk_w_ptr, sorted_ptr, expert, row0, pid_s, pid_w,
                    num_slots, N, K, k_per_split, stride_am, stride_we, stride_wt, stride_se, stride_st, stride_be,
-                   stride_ys, stride_ym, BLOCK_T // 2, UNSCALE, STAGES, PDL)
+                   stride_ys, stride_ym, BLOCK_T // 2, UNSCALE, STAGES, PDL, TILES)
     else:
         _down_rows(act_ptr, w_ptr, s_ptr, b_ptr, y_ptr, topk_w_ptr, sorted_ptr, expert, row0, pid_s, pid_w,
                    num_slots, N, K, k_per_split, stride_am, stride_we, stride_wt, stride_se, stride_st, stride_be,
-                   stride_ys, stride_ym, BLOCK_T, UNSCALE, STAGES, PDL)
+                   stride_ys, stride_ym, BLOCK_T, UNSCALE, STAGES, PDL, TILES)
 
 
 def supported(device: torch.device, hidden: int, intermediate: int) -> bool:
@@ -247,6 +256,13 @@ DOWN_PROGRAMS_PER_SM = 2
 # 326.2 vs 316.9 (32), T=1024 863.4 vs 790.9 (64); 120b T=256 991.7 vs 1001.2 (16), T=1024 1504.5
 # vs 1458.7 (32).
 GATE_UP_TILES_BY_BLOCK_T = {8: 1, 16: 1, 32: 2, 64: 2}
+# 64-row down tiles a program by token tile, as GATE_UP_TILES_BY_BLOCK_T: 2 share each step's
+# activation copies between two MMAs (hidden = 2880 is 45 tiles: the last program's second repeats
+# its first and stores nothing). H200, benchmarks/diag/moe_tiles.py --kernels, the down kernel's µs
+# a layer, one tile vs two (2026-11-27): 20b T=256 (32-token tiles) 122.7 vs 116.5, T=2304 (64)
+# 686.1 vs 498.5; 120b T=512 (32) 296.7 vs 255.0, T=256 (16) 239.7 vs 219.9 (16-token tiles kept at
+# one: not measured at their smaller batches).
+DOWN_TILES_BY_BLOCK_T = {8: 1, 16: 1, 32: 2, 64: 2}
 # The K loops with a copy warp (moe/gluon_ws.py) where the gate/up grid is at most WS_PROGRAMS_PER_SM
 # programs an SM by used_tiles' bound (8- and 16-token tiles, one tile a program): batch 1 (450 on 132
 # SMs) and 2 (810), not 4 (1,620). H100, bench_moe_gluon.py --ab-ws, µs a layer with / without: 20b
@@ -270,7 +286,9 @@ RAGGED_BLOCK_T: tuple[int, ...] = (32, 64)
 # layer, uncapped / capped (2026-11-26): 20b T=320 305.1 / 292.0, T=384 311.6 / 298.5, T=2304 1647.2 /
 # 1553.1 (the default then: 1569.5). Not kept: down at 32-token tiles capped at 100 (103 -> 99
 # registers, 4 -> 5 programs an SM: level), gate/up capped at 128 (32-token) or 168 (64-token; with
-# 3 stages shared memory still allows only 2 programs an SM): 10-40% slower, they spill.
+# 3 stages shared memory still allows only 2 programs an SM): 10-40% slower, they spill. The down
+# caps hold for one tile a program (DOWN_TILES_BY_BLOCK_T): two run uncapped (at 168 the 64-token
+# one spills 368 bytes, and its 79 KB of shared memory allow 2 programs an SM anyway).
 MAX_REGISTERS_BY_BLOCK_T: dict[int, tuple[int | None, int | None]] = {64: (None, 168)}
 
 
@@ -290,6 +308,7 @@ def fused_moe_gluon(
     ws: bool | None = None,
     ragged: bool | None = None,
     max_registers: tuple[int | None, int | None] | None = None,
+    down_tiles: int | None = None,
 ) -> torch.Tensor:
     """x [T, H] bf16 -> [T, H] (or unreduced: swapped.expert_rows); same function as
     moe_reference, on experts prepared with fragments=True. Host-sync free, CUDA-graph capturable.
@@ -300,12 +319,13 @@ def fused_moe_gluon(
     K loops with a copy warp (moe/gluon_ws.py; default: WS_BLOCK_T tiles at small grids). ragged: an
     expert's last token tile runs at half its rows where its second half holds no slot (default: the
     RAGGED_BLOCK_T tiles). max_registers: the (gate/up, down) register caps of the cp.async kernels
-    (default: MAX_REGISTERS_BY_BLOCK_T)."""
+    (default: MAX_REGISTERS_BY_BLOCK_T). down_tiles: 64-row down tiles a program (1 or 2; default by
+    token tile, DOWN_TILES_BY_BLOCK_T; 1 with the copy warp)."""
     if x.shape[0] > MAX_TOKENS:  # swapped.py's bound: larger batches run in chunks of that many tokens
         return torch.cat([fused_moe_gluon(x[i:i + MAX_TOKENS], topk_weights[i:i + MAX_TOKENS],
                                           topk_ids[i:i + MAX_TOKENS], prepared, swiglu_limit, block_t, min_programs,
                                           stages, down_min_programs, gate_up_tiles, ws=ws, ragged=ragged,
-                                          max_registers=max_registers)
+                                          max_registers=max_registers, down_tiles=down_tiles)
                           for i in range(0, x.shape[0], MAX_TOKENS)])
     assert prepared.fragments, "experts were not prepared in the fragment layout"
     num_tokens, hidden = x.shape
@@ -359,15 +379,18 @@ def fused_moe_gluon(
             num_slots, inter, splits1, float(swiglu_limit), part.stride(0), part.stride(1), b1.stride(0),
             act.stride(0), BLOCK_T=bt, BLOCK_N=SWIGLU_BLOCK_N, ALPHA=SWIGLU_ALPHA,
         )
-    w_blocks2 = triton.cdiv(hidden, BLOCK_W)
+    down_tiles = (DOWN_TILES_BY_BLOCK_T.get(bt, 1) if down_tiles is None else down_tiles) if not ws else 1
+    if down_tiles == 2 and max_registers is None:
+        cap_down = None  # the caps are the one-tile kernels' (the 64-token down's spills at two)
+    w_blocks2 = triton.cdiv(triton.cdiv(hidden, BLOCK_W), down_tiles)
     splits2, per_split2 = split_k(used_t_blocks * w_blocks2, inter, int(BLOCK_K), down_min_programs)
     y = down_output(splits2, num_slots, hidden, x)
     _down_kernel[(tb * splits2 * w_blocks2,)](
         act, w2, s2, *d2, b2, y, topk_w, plan.sorted_slots, plan.block_expert, plan.num_padded,
         num_slots, hidden, inter, tb, splits2, per_split2,
         act.stride(0), w2.stride(0), w2.stride(1), s2.stride(0), s2.stride(1), b2.stride(0), y.stride(0),
-        y.stride(1), BLOCK_T=bt, UNSCALE=UNSCALE, STAGES=stages, PDL=pdl, WS=ws, RAGGED=ragged, num_warps=NUM_WARPS,
-        launch_pdl=pdl,
+        y.stride(1), BLOCK_T=bt, UNSCALE=UNSCALE, STAGES=stages, PDL=pdl, WS=ws, RAGGED=ragged, TILES=down_tiles,
+        num_warps=NUM_WARPS, launch_pdl=pdl,
         maxnreg=MAX_REGISTERS if ws else cap_down,
     )
     return expert_rows(y, num_tokens, top_k, x.dtype, reduce)
