@@ -94,6 +94,21 @@ def test_warm_up_runs_an_eager_mixed_step(tiny_checkpoint: Path) -> None:
     assert any(1 in lens and max(lens) > QUERY_BUCKETS[-1] for lens in steps), steps
 
 
+def test_warm_up_fills_a_step_past_one_context(tiny_checkpoint: Path) -> None:
+    """Where the step budget holds more than one context, the warm-up's first step fills it with
+    several prompts (on a GPU: above 4096 tokens the dense MoE path, which a burst of long prompts
+    takes), none longer than a context."""
+    eng = build_engine(EngineArgs(model=str(tiny_checkpoint), device="cpu", max_model_len=300,
+                                  max_num_batched_tokens=1024))
+    steps: list[list[int]] = []
+    run_step = eng.runner.run
+    eng.runner.run = lambda entries, *a, **k: steps.append([len(e.token_ids) for e in entries]) or run_step(  # type: ignore[method-assign]
+        entries, *a, **k)
+    warm_up(eng)
+    assert sum(steps[0]) == 1024 and max(steps[0]) == 298 and steps[0].count(298) == 2, steps[0]
+    assert not eng.has_unfinished()
+
+
 def test_tiny_chunks_equal_alone(tiny_checkpoint: Path, alone: dict[str, list[int]]) -> None:
     eng = make_engine(tiny_checkpoint, max_num_batched_tokens=7, no_prefix_caching=True)
     assert run(eng, prompts(), GREEDY) == alone

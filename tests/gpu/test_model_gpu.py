@@ -242,14 +242,19 @@ for n, group in enumerate((1, 1, 5)):  # a lone request, then a few: the server'
                            sampling_params(temperature=None, top_p=None, max_tokens=3, seed=None))
     while engine.has_unfinished():
         engine.step()
+for i in range(16):  # then a burst of long prompts (steps of 8-16k tokens: the dense MoE path)
+    engine.add_request(f"burst-{i}", [(13 * t + i) % 1000 for t in range(1000)],
+                       sampling_params(temperature=None, top_p=None, max_tokens=3, seed=None))
+while engine.has_unfinished():
+    engine.step()
 print("compiled after warm-up:", sorted(set(compiled)))
 """
 
 
 def test_warm_up_compiles_what_the_first_requests_need(tiny_checkpoint: Path) -> None:
     """After start-up (warm-up included), the first requests a server gets, a lone one first, at
-    its default temperature, compile no Triton kernel: a fresh process, so no other test's
-    compiles count."""
+    its default temperature, then a burst of 1,000-token prompts, compile no Triton kernel: a fresh
+    process, so no other test's compiles count."""
     import subprocess
     import sys
 
