@@ -197,6 +197,7 @@ def set_variant(variant: str, baseline_path: str | None) -> None:
     import osserve.ops.attention.decode_triton as decode_attention
     import osserve.ops.linear.small_m_triton as linear_triton
     import osserve.ops.moe.gluon as moe_gluon
+    import osserve.ops.moe.gluon_tiles as moe_choices
     import osserve.ops.moe.layout as moe_layout
     import osserve.ops.moe.swapped as moe_swapped
     import osserve.ops.pdl as pdl
@@ -207,7 +208,7 @@ def set_variant(variant: str, baseline_path: str | None) -> None:
     # Numbered variants ("router-splits-16") set a module constant; the others restore its default.
     numbered = {"router-splits-": (fused_router, "H_SPLITS_ONE_BLOCK"),
                 "attn-partition-": (decode_attention, "MIN_PARTITION"),
-                "down-per-sm-": (moe_gluon, "DOWN_PROGRAMS_PER_SM"),
+                "down-per-sm-": (moe_choices, "DOWN_PROGRAMS_PER_SM"),
                 "prefetch-lines-": (linear_triton, "PREFETCH_LINES")}
     for prefix, (module, name) in numbered.items():
         default = CURRENT.setdefault(prefix, (getattr(module, name),))[0]
@@ -215,7 +216,7 @@ def set_variant(variant: str, baseline_path: str | None) -> None:
     leave_out(variant)
     pdl.ENABLED = variant != "no-pdl"
     pdl.PREFETCH = variant != "pdl-no-prefetch"
-    moe_gluon.COPY_WARP = variant != "no-copy-warp"
+    moe_choices.COPY_WARP = variant != "no-copy-warp"
     moe_swapped.MAX_TOKENS = 0 if variant == "token-tiled-moe" else 4096
     linear_triton.MAX_TOKENS = 0 if variant == "cublas-qkv-apart" else 32
     fuse = CURRENT.setdefault("fuse", (GptOssForCausalLM.fuse_qkv,))[0]

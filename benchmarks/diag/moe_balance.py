@@ -23,15 +23,8 @@ import torch
 import triton
 
 from benchmarks.bench_moe import graph_time_us
-from osserve.ops.moe.gluon import (
-    BLOCK_T_BY_SLOTS,
-    BLOCK_W,
-    MAX_REGISTERS,
-    NUM_WARPS,
-    STAGES_BY_BLOCK_T,
-    _down_kernel,
-    _gate_up_kernel,
-)
+from osserve.ops.moe.gluon import BLOCK_W, MAX_REGISTERS, NUM_WARPS, _down_kernel, _gate_up_kernel
+from osserve.ops.moe.gluon_tiles import BLOCK_T_BY_SLOTS, STAGES_BY_BLOCK_T
 from osserve.ops.moe.gluon_ws import descriptors
 from osserve.ops.moe.layout import prepare_mxfp4_experts
 from osserve.ops.moe.plan import align_tokens
@@ -58,7 +51,7 @@ def gate_up(x, prepared, tiles: int, plan, act, k: int = HIDDEN) -> None:  # typ
         TOP_K, n, k, plan.max_blocks, 1, triton.cdiv(k, 128) * 128, LIMIT,
         x.stride(0), w1.stride(0), w1.stride(1), s1.stride(0), s1.stride(1), 0, act.stride(0), 0, 0,
         TOP_K=TOP_K, BLOCK_T=bt, SPLIT=False, ALPHA=SWIGLU_ALPHA, UNSCALE=UNSCALE, STAGES=STAGES_BY_BLOCK_T[bt],
-        TILES=1, PDL=pdl, WS=True, num_warps=NUM_WARPS, launch_pdl=pdl, maxnreg=MAX_REGISTERS,
+        TILES=1, PDL=pdl, WS=True, RAGGED=False, num_warps=NUM_WARPS, launch_pdl=pdl, maxnreg=MAX_REGISTERS,
     )
 
 
@@ -74,8 +67,8 @@ def down(act, prepared, tiles: int, splits: int, plan, y, topk_w,  # type: ignor
         act, w2, s2, *prepared.descriptors[3:], b2, y, topk_w, plan.sorted_slots, plan.block_expert,
         plan.num_padded, TOP_K, tiles * BLOCK_W, k, plan.max_blocks, splits, per_split,
         act.stride(0), w2.stride(0), w2.stride(1), s2.stride(0), s2.stride(1), 0, y.stride(0), y.stride(1),
-        BLOCK_T=bt, UNSCALE=UNSCALE, STAGES=STAGES_BY_BLOCK_T[bt], PDL=pdl, WS=True, num_warps=NUM_WARPS,
-        launch_pdl=pdl, maxnreg=MAX_REGISTERS,
+        BLOCK_T=bt, UNSCALE=UNSCALE, STAGES=STAGES_BY_BLOCK_T[bt], PDL=pdl, WS=True, RAGGED=False, TILES=1,
+        num_warps=NUM_WARPS, launch_pdl=pdl, maxnreg=MAX_REGISTERS,
     )
 
 

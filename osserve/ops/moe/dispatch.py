@@ -33,7 +33,7 @@ def plan_block_m(experts: ExpertWeights, num_tokens: int, top_k: int) -> int | N
     one from its caller (the Gluon kernel: fragments prepared); else None."""
     if experts.prepared is None or not experts.prepared.fragments:
         return None
-    from osserve.ops.moe.gluon import BLOCK_T_BY_SLOTS
+    from osserve.ops.moe.gluon_tiles import BLOCK_T_BY_SLOTS
     from osserve.ops.moe.swapped import by_slots
 
     return by_slots(BLOCK_T_BY_SLOTS, num_tokens, experts.num_experts, top_k)

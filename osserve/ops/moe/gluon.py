@@ -14,6 +14,7 @@ GEMM kernels and their launch:
 - the down GEMM applies bias and router weight and writes each slot's row (or K split's partial);
   sum_experts (or the next add_rms_norm) adds a token's rows;
 - ragged token tiles: an expert's last tile whose second half holds no slot runs at half its rows.
+The launch's choices by batch (token tile, ring depth, tiles a program, ...) are moe/gluon_tiles.py's.
 The Triton kernels leave the layouts to the compiler, which staged the weights through shared
 memory and waited on each of 2-8 MMAs per K step (NOTES-moe.md).
 """
@@ -25,6 +26,7 @@ import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 
+from osserve.ops.moe import gluon_tiles as choices
 from osserve.ops.moe import swapped
 from osserve.ops.moe.gluon_epilogues import (
     down_epilogue_inputs,
@@ -236,62 +238,6 @@ def supported(device: torch.device, hidden: int, intermediate: int) -> bool:
     return device.type == "cuda" and kernel_policy(device).hopper and hidden % 64 == 0 and intermediate % 64 == 0
 
 
-# Token tile by the slots an expert gets on average (T * top_k / E), as in swapped.py, and the
-# ring's depth (k_loop's STAGES, >= 2) by tile. H100, bench_moe_gluon.py: 8 up to 4 slots (a wgmma
-# of N = 8: 20b T=32 176.0 vs 179.4 us with 16, 120b T=128 635.3 vs 659.6; at 8 slots 16 wins,
-# 183.5 vs 213.4), 16 up to 8 slots (4 stages), 32 up to 32 slots, 64 above (3 stages: 4 leave
-# room for fewer programs per SM).
-BLOCK_T_BY_SLOTS = {4: 8, 8: 16, 32: 32, 1 << 30: 64}
-STAGES_BY_BLOCK_T = {8: 4, 16: 4, 32: 3, 64: 3}
-# Split K only below one program per SM: with the ring, a batch-1 layer's 180 programs per GEMM
-# stream as fast unsplit (20b: 45.9 vs 48.3 us at 2 per SM, which also launched the split sum).
-PROGRAMS_PER_SM = 1
-# The down GEMM's splits cost no extra pass (sum_experts adds them): at batch 1 its 180 programs
-# split in two run faster (20b 45.8 -> 44.3 us a layer, 120b 49.7 -> 47.2; 3 and 4 per SM slower).
-DOWN_PROGRAMS_PER_SM = 2
-# 64-row gate/up tiles per program by token tile. One doubles the programs (batch 1: 360 for 132
-# SMs instead of 180) and shortens each K step's chain; two share each activation step between two
-# MMAs, which pays once the activation tile is the larger read. H100, bench_moe_gluon.py, one tile
-# vs two: 20b T=1 40.8 vs 44.5 us, T=8 177.4 vs 182.5, T=32 239.3 vs 243.5 (16-token tiles); T=256
-# 326.2 vs 316.9 (32), T=1024 863.4 vs 790.9 (64); 120b T=256 991.7 vs 1001.2 (16), T=1024 1504.5
-# vs 1458.7 (32).
-GATE_UP_TILES_BY_BLOCK_T = {8: 1, 16: 1, 32: 2, 64: 2}
-# 64-row down tiles a program by token tile, as GATE_UP_TILES_BY_BLOCK_T: 2 share each step's
-# activation copies between two MMAs (hidden = 2880 is 45 tiles: the last program's second repeats
-# its first and stores nothing). H200, benchmarks/diag/moe_tiles.py --kernels, the down kernel's µs
-# a layer, one tile vs two (2026-11-27): 20b T=256 (32-token tiles) 122.7 vs 116.5, T=2304 (64)
-# 686.1 vs 498.5; 120b T=512 (32) 296.7 vs 255.0, T=256 (16) 239.7 vs 219.9 (16-token tiles kept at
-# one: not measured at their smaller batches).
-DOWN_TILES_BY_BLOCK_T = {8: 1, 16: 1, 32: 2, 64: 2}
-# The K loops with a copy warp (moe/gluon_ws.py) where the gate/up grid is at most WS_PROGRAMS_PER_SM
-# programs an SM by used_tiles' bound (8- and 16-token tiles, one tile a program): batch 1 (450 on 132
-# SMs) and 2 (810), not 4 (1,620). H100, bench_moe_gluon.py --ab-ws, µs a layer with / without: 20b
-# T=1 34.4 / 35.9, T=2 55.0 / 67.6; 120b T=1 38.0 / 39.2, T=2 58.5 / 72.1. Forced at every size, it
-# lost from 8 tokens on (20b T=32 179.3 / 165.8, 120b T=8 170.9 / 160.6), where the grid runs several
-# waves of three programs an SM (H100, 2026-11-24; benchmarks/NOTES-moe.md).
-WS_BLOCK_T = (8, 16)
-WS_PROGRAMS_PER_SM = 8
-COPY_WARP = True  # the switch bench_decode.py --ab copy-warp flips; read at launch
-# Ragged token tiles (the kernels' RAGGED): an expert's last tile whose second half holds no slot runs
-# at half its rows, so the experts just over a tile's worth do not pay a full second tile. H100,
-# benchmarks/diag/moe_tiles.py (uniform routing, µs a layer, plain / ragged, 2026-11-26): 32-token
-# tiles, 120b T=384 764.8 / 704.1, T=512 785.5 / 745.6, T=256 733.0 / 676.0, 20b T=256 273.4 /
-# 267.5, T=128-192 level; 64-token tiles, 20b T=128 298.9 / 226.0, T=256 302.3 / 272.6, T=320-2304
-# level (their last tiles hold more than 32 slots).
-RAGGED_BLOCK_T: tuple[int, ...] = (32, 64)
-# Register caps (ptxas' maxnreg) of the cp.async kernels by token tile, (gate/up, down): None lets
-# ptxas choose. Registers decide how many programs an SM holds (65,536 / (128 x registers));
-# benchmarks/diag/gluon_resources.py prints both and the spills. The 64-token down GEMM takes 174
-# registers uncapped (2 programs an SM), 168 capped (3; 8 bytes of stack). H100, moe_tiles.py, µs a
-# layer, uncapped / capped (2026-11-26): 20b T=320 305.1 / 292.0, T=384 311.6 / 298.5, T=2304 1647.2 /
-# 1553.1 (the default then: 1569.5). Not kept: down at 32-token tiles capped at 100 (103 -> 99
-# registers, 4 -> 5 programs an SM: level), gate/up capped at 128 (32-token) or 168 (64-token; with
-# 3 stages shared memory still allows only 2 programs an SM): 10-40% slower, they spill. The down
-# caps hold for one tile a program (DOWN_TILES_BY_BLOCK_T): two run uncapped (at 168 the 64-token
-# one spills 368 bytes, and its 79 KB of shared memory allow 2 programs an SM anyway).
-MAX_REGISTERS_BY_BLOCK_T: dict[int, tuple[int | None, int | None]] = {64: (None, 168)}
-
-
 def fused_moe_gluon(
     x: torch.Tensor,
     topk_weights: torch.Tensor,
@@ -312,15 +258,15 @@ def fused_moe_gluon(
 ) -> torch.Tensor:
     """x [T, H] bf16 -> [T, H] (or unreduced: swapped.expert_rows); same function as
     moe_reference, on experts prepared with fragments=True. Host-sync free, CUDA-graph capturable.
-    K is split until a GEMM has min_programs (gate/up) or down_min_programs (down) programs;
-    defaults: PROGRAMS_PER_SM and DOWN_PROGRAMS_PER_SM per SM. gate_up_tiles: 64-row tiles per
-    gate/up program (1 or 2; default by token tile, GATE_UP_TILES_BY_BLOCK_T). plan: topk_ids'
-    routing plan for this batch's token tile, if the router built it (else one is built here). ws: the
-    K loops with a copy warp (moe/gluon_ws.py; default: WS_BLOCK_T tiles at small grids). ragged: an
-    expert's last token tile runs at half its rows where its second half holds no slot (default: the
-    RAGGED_BLOCK_T tiles). max_registers: the (gate/up, down) register caps of the cp.async kernels
-    (default: MAX_REGISTERS_BY_BLOCK_T). down_tiles: 64-row down tiles a program (1 or 2; default by
-    token tile, DOWN_TILES_BY_BLOCK_T; 1 with the copy warp)."""
+    The defaults are moe/gluon_tiles.py's tables. K is split until a GEMM has min_programs (gate/up)
+    or down_min_programs (down) programs; defaults: PROGRAMS_PER_SM and DOWN_PROGRAMS_PER_SM per SM.
+    gate_up_tiles: 64-row tiles per gate/up program (1 or 2; default by token tile,
+    GATE_UP_TILES_BY_BLOCK_T). plan: topk_ids' routing plan for this batch's token tile, if the router
+    built it (else one is built here). ws: the K loops with a copy warp (moe/gluon_ws.py; default:
+    WS_BLOCK_T tiles at small grids). ragged: an expert's last token tile runs at half its rows where
+    its second half holds no slot (default: the RAGGED_BLOCK_T tiles). max_registers: the (gate/up,
+    down) register caps of the cp.async kernels (default: MAX_REGISTERS_BY_BLOCK_T). down_tiles: 64-row
+    down tiles a program (1 or 2; default by token tile, DOWN_TILES_BY_BLOCK_T; 1 with the copy warp)."""
     if x.shape[0] > MAX_TOKENS:  # swapped.py's bound: larger batches run in chunks of that many tokens
         return torch.cat([fused_moe_gluon(x[i:i + MAX_TOKENS], topk_weights[i:i + MAX_TOKENS],
                                           topk_ids[i:i + MAX_TOKENS], prepared, swiglu_limit, block_t, min_programs,
@@ -332,12 +278,12 @@ def fused_moe_gluon(
     top_k = topk_ids.shape[1]
     num_slots = num_tokens * top_k
     inter = prepared.intermediate
-    bt = block_t or by_slots(BLOCK_T_BY_SLOTS, num_tokens, prepared.num_experts, top_k)
-    stages = STAGES_BY_BLOCK_T[bt] if stages is None else stages
+    bt = block_t or by_slots(choices.BLOCK_T_BY_SLOTS, num_tokens, prepared.num_experts, top_k)
+    stages = choices.STAGES_BY_BLOCK_T[bt] if stages is None else stages
     assert stages >= 2, "the ring needs a slot in use and one being filled"
     sms = torch.cuda.get_device_properties(x.device).multi_processor_count
-    min_programs = PROGRAMS_PER_SM * sms if min_programs is None else min_programs
-    down_min_programs = DOWN_PROGRAMS_PER_SM * sms if down_min_programs is None else down_min_programs
+    min_programs = choices.PROGRAMS_PER_SM * sms if min_programs is None else min_programs
+    down_min_programs = choices.DOWN_PROGRAMS_PER_SM * sms if down_min_programs is None else down_min_programs
     x = x.contiguous()
     topk_w = topk_weights.reshape(-1).contiguous()
     if plan is None or plan.block_m != bt:  # none from the router (router.route_with_plan), or another tile's
@@ -348,15 +294,17 @@ def fused_moe_gluon(
     w2, s2, b2 = prepared.w2, prepared.s2, prepared.b2
     tb = plan.max_blocks
     used_t_blocks = used_tiles(plan, num_slots, bt, prepared.num_experts)
-    gate_up_tiles = GATE_UP_TILES_BY_BLOCK_T[bt] if gate_up_tiles is None else gate_up_tiles
+    gate_up_tiles = choices.GATE_UP_TILES_BY_BLOCK_T[bt] if gate_up_tiles is None else gate_up_tiles
     w_blocks1 = triton.cdiv(2 * inter, gate_up_tiles * BLOCK_W)
     splits1, per_split1 = split_k(used_t_blocks * w_blocks1, hidden, int(BLOCK_K), min_programs)
     part = torch.empty(splits1, rows, 2 * inter, dtype=torch.float32, device=x.device) if splits1 > 1 else act
     if ws is None:
-        ws = COPY_WARP and bt in WS_BLOCK_T and used_t_blocks * w_blocks1 <= WS_PROGRAMS_PER_SM * sms
+        ws = (choices.COPY_WARP and bt in choices.WS_BLOCK_T
+              and used_t_blocks * w_blocks1 <= choices.WS_PROGRAMS_PER_SM * sms)
     ws_up = ws and gate_up_tiles == 1
-    ragged = (bt in RAGGED_BLOCK_T if ragged is None else ragged) and not ws and bt >= 16
-    cap_up, cap_down = MAX_REGISTERS_BY_BLOCK_T.get(bt, (None, None)) if max_registers is None else max_registers
+    ragged = (bt in choices.RAGGED_BLOCK_T if ragged is None else ragged) and not ws and bt >= 16
+    caps = choices.MAX_REGISTERS_BY_BLOCK_T.get(bt, (None, None)) if max_registers is None else max_registers
+    cap_up, cap_down = caps
     d1 = d2 = (None, None, None)
     if ws:
         if not prepared.descriptors:
@@ -379,7 +327,7 @@ def fused_moe_gluon(
             num_slots, inter, splits1, float(swiglu_limit), part.stride(0), part.stride(1), b1.stride(0),
             act.stride(0), BLOCK_T=bt, BLOCK_N=SWIGLU_BLOCK_N, ALPHA=SWIGLU_ALPHA,
         )
-    down_tiles = (DOWN_TILES_BY_BLOCK_T.get(bt, 1) if down_tiles is None else down_tiles) if not ws else 1
+    down_tiles = (choices.DOWN_TILES_BY_BLOCK_T.get(bt, 1) if down_tiles is None else down_tiles) if not ws else 1
     if down_tiles == 2 and max_registers is None:
         cap_down = None  # the caps are the one-tile kernels' (the 64-token down's spills at two)
     w_blocks2 = triton.cdiv(triton.cdiv(hidden, BLOCK_W), down_tiles)
@@ -398,4 +346,4 @@ def fused_moe_gluon(
 
 def compile_kernels(prepared: PreparedExperts, top_k: int, swiglu_limit: float, dtype: torch.dtype) -> None:
     """swapped.compile_kernels for this kernel and its token-tile buckets."""
-    swapped.compile_kernels(prepared, top_k, swiglu_limit, dtype, fused_moe_gluon, BLOCK_T_BY_SLOTS)
+    swapped.compile_kernels(prepared, top_k, swiglu_limit, dtype, fused_moe_gluon, choices.BLOCK_T_BY_SLOTS)
