@@ -112,9 +112,8 @@ class Grammars:
         self.compiler = GrammarCompiler(lanes)
         self._pending: dict[str, tuple[Future[Copies], dict[str, int | None], BoundedAnswer | None]] = {}
         self.states: dict[str, GrammarState] = {}
-        self.num_lanes = lanes
         self._executors: list[LLExecutor] = []  # a single-threaded llguidance pool a lane (begin_masks makes them)
-        self._fillers = ThreadPoolExecutor(self.num_lanes, thread_name_prefix="osserve-masks")
+        self._fillers = ThreadPoolExecutor(lanes, thread_name_prefix="osserve-masks")
         self._buffer = torch.empty(0, self.words, dtype=torch.int32)
         self._holds: list[torch.Tensor | None] = []  # the shared mask each buffer row holds, if any
 
@@ -274,7 +273,7 @@ class Grammars:
         if filled and not self._executors:  # here, not in the fillers' threads: made once
             from llguidance import LLExecutor
 
-            self._executors = [LLExecutor(1) for _ in range(self.num_lanes)]
+            self._executors = [LLExecutor(1) for _ in range(self.compiler.num_lanes)]
         lanes: dict[int, list[tuple[LLMatcher, int]]] = {}
         feeds: dict[int, list[tuple[LLMatcher, list[int], int]]] = {}  # a lane's fast matchers' tokens, by slot
         for slot, (_, state) in enumerate(filled):
