@@ -298,6 +298,8 @@ class SchedulerConfig:
     decode_first_min_decodes: int = 32
 
     def __post_init__(self) -> None:
+        if self.max_model_len < 3:  # the warm-up's prompts hold a token and leave room for two out
+            raise ConfigError(f"--max-model-len must be at least 3 tokens, not {self.max_model_len}", "max_model_len")
         if self.max_num_batched_tokens < 1:
             raise ConfigError(f"--max-num-batched-tokens must be at least 1, not {self.max_num_batched_tokens}",
                               "max_num_batched_tokens")

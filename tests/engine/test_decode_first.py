@@ -66,7 +66,7 @@ def test_describe() -> None:
 
 
 @pytest.mark.parametrize("field,value", [("decode_first_chunk", -1), ("decode_first_min_decodes", 0),
-                                         ("max_num_batched_tokens", 0)])
+                                         ("max_num_batched_tokens", 0), ("max_model_len", 2)])
 def test_bad_settings_are_refused_by_name(field: str, value: int) -> None:
     with pytest.raises(ConfigError) as e:
         SchedulerConfig(**{field: value})  # type: ignore[arg-type]
