@@ -17,7 +17,7 @@ from functools import partial
 import torch
 
 from benchmarks.bench_moe import EXPERT_BYTES, graph_time_us
-from benchmarks.bench_moe_decode import HIDDEN, INTER, LIMIT, MODELS, rel_err, timing_inputs
+from benchmarks.bench_moe_decode import HIDDEN, INTER, LIMIT, MODELS, kernel_times, rel_err, timing_inputs
 from osserve.ops.moe.gluon import fused_moe_gluon
 from osserve.ops.moe.layout import prepare_mxfp4_experts
 from osserve.ops.moe.reference import moe_reference
@@ -39,21 +39,6 @@ def variant(spec: str) -> tuple[str, dict]:
     if caps:
         kwargs["max_registers"] = (caps.get("g"), caps.get("d"))
     return f"bt{bt} x{tiles} st{stages}" + "".join(f" {f}" for f in flags), kwargs
-
-
-def kernel_times_us(fn, reps: int = 10) -> dict[str, float]:
-    """Each kernel's mean µs a call of fn (a layer's MoE), by torch.profiler over reps calls."""
-    fn()
-    torch.cuda.synchronize()
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-        for _ in range(reps):
-            fn()
-        torch.cuda.synchronize()
-    totals: dict[str, float] = {}
-    for event in prof.key_averages():
-        if event.device_type == torch.autograd.DeviceType.CUDA:
-            totals[event.key] = totals.get(event.key, 0.0) + event.device_time_total / reps
-    return dict(sorted(totals.items(), key=lambda kv: -kv[1]))
 
 
 def main() -> None:
@@ -89,8 +74,9 @@ def main() -> None:
             times["default again"] = graph_time_us([partial(fused_moe_gluon, x, w, ids, p, LIMIT) for p in gluon])
             if args.kernels:
                 for name, kwargs in [("default", {}), *variants]:
-                    parts = kernel_times_us(partial(fused_moe_gluon, x, w, ids, gluon[0], LIMIT, **kwargs))
-                    print(f"kernels {model} T={t} {name}: " + ", ".join(f"{k[:40]} {v:.1f}" for k, v in parts.items()),
+                    parts = kernel_times([partial(fused_moe_gluon, x, w, ids, gluon[0], LIMIT, **kwargs)], rounds=10)
+                    print(f"kernels {model} T={t} {name}: "
+                          + ", ".join(f"{k} {v:.1f}" for k, v in sorted(parts.items(), key=lambda kv: -kv[1])),
                           flush=True)
             counts = {bt: token_tiles(ids, num_experts, bt) for bt in (16, 32, 64)}
             print(f"time {model} T={t}: tiles {counts}; " + ", ".join(f"{k} {v:.1f}" for k, v in times.items()),
