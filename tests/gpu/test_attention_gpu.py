@@ -8,7 +8,7 @@ import random
 import pytest
 import torch
 
-from tests.ops.attention_cases import Case, make_case, reference, rel_err
+from tests.ops.attention_cases import Case, make_case, prompt_range, reference, rel_err
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 H, KVH, D, BS, WINDOW = 64, 8, 64, 16, 128
@@ -73,8 +73,7 @@ def test_mixed_batch_split(window: int | None, batch: str, whole: bool) -> None:
     """A mixed batch's decodes by the decode kernel, its prompt chunks by the prefill kernel over
     the range that holds them, or (whole: as a captured graph runs it) over every sequence."""
     seqs = PREFILL[batch]
-    longer = [i for i, (_, q) in enumerate(seqs) if q > 1]
-    split = (0, len(seqs)) if whole else (longer[0], longer[-1] + 1)
+    split = (0, len(seqs)) if whole else prompt_range(seqs)
     case = make_case(seqs, H, KVH, D, BS, window, torch.bfloat16, "cuda", outside="poison", seed=len(batch) + 1)
     check(case, False, prompt_range=split)
 

@@ -64,6 +64,15 @@ def make_case(
     )
 
 
+def prompt_range(seqs: list[tuple[int, int]]) -> tuple[int, int]:
+    """A mixed batch's (context, query) list -> the split AttentionMetadata.prompt_range gives it."""
+    from osserve.ops.attention.metadata import AttentionMetadata
+
+    meta = AttentionMetadata(torch.zeros(1), torch.zeros(1), [q for _, q in seqs], [s for s, _ in seqs], {})
+    assert meta.prompt_range is not None
+    return meta.prompt_range
+
+
 def reference(case: Case) -> torch.Tensor:
     """The spec on float32 copies."""
     from osserve.ops.attention.reference import paged_attention_reference

@@ -9,7 +9,7 @@ import zlib
 import pytest
 import torch
 
-from tests.ops.attention_cases import make_case, reference, rel_err
+from tests.ops.attention_cases import make_case, prompt_range, reference, rel_err
 
 pytestmark = pytest.mark.skipif(
     not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1",
@@ -126,14 +126,6 @@ MIXED_SPLIT_BATCHES = {
     "interleaved": [(40, 1), (33, 20), (95, 1), (17, 3), (1, 1)],
     "decodes_last": [(12, 12), (50, 13), (7, 1), (130, 1)],
 }
-
-
-def prompt_range(seqs: list[tuple[int, int]]) -> tuple[int, int]:
-    from osserve.ops.attention.metadata import AttentionMetadata
-
-    meta = AttentionMetadata(torch.zeros(1), torch.zeros(1), [q for _, q in seqs], [s for s, _ in seqs], {})
-    assert meta.prompt_range is not None
-    return meta.prompt_range
 
 
 @pytest.mark.parametrize("batch", list(MIXED_SPLIT_BATCHES))
