@@ -79,6 +79,15 @@ def test_warm_up_leaves_nothing_behind(tiny_checkpoint: Path, alone: dict[str, l
     assert run(eng, prompts(), GREEDY) == alone
 
 
+def record_step_lengths(eng: LLMEngine) -> list[list[int]]:
+    """The list each step's query lengths (one per sequence) are appended to, as the runner gets them."""
+    steps: list[list[int]] = []
+    run_step = eng.runner.run
+    eng.runner.run = lambda entries, *a, **k: steps.append([len(e.token_ids) for e in entries]) or run_step(  # type: ignore[method-assign]
+        entries, *a, **k)
+    return steps
+
+
 def test_warm_up_runs_an_eager_mixed_step(tiny_checkpoint: Path) -> None:
     """The warm-up's second step runs decodes beside a prompt longer than any mixed-step graph
     takes (mixed_graphs.QUERY_BUCKETS), so on a GPU it launches, and compiles, attention's split of a
@@ -86,10 +95,7 @@ def test_warm_up_runs_an_eager_mixed_step(tiny_checkpoint: Path) -> None:
     from osserve.engine.worker.mixed_graphs import QUERY_BUCKETS
 
     eng = make_engine(tiny_checkpoint)
-    steps: list[list[int]] = []
-    run_step = eng.runner.run
-    eng.runner.run = lambda entries, *a, **k: steps.append([len(e.token_ids) for e in entries]) or run_step(  # type: ignore[method-assign]
-        entries, *a, **k)
+    steps = record_step_lengths(eng)
     warm_up(eng)
     assert any(1 in lens and max(lens) > QUERY_BUCKETS[-1] for lens in steps), steps
 
@@ -100,10 +106,7 @@ def test_warm_up_fills_a_step_past_one_context(tiny_checkpoint: Path) -> None:
     takes), none longer than a context."""
     eng = build_engine(EngineArgs(model=str(tiny_checkpoint), device="cpu", max_model_len=300,
                                   max_num_batched_tokens=1024))
-    steps: list[list[int]] = []
-    run_step = eng.runner.run
-    eng.runner.run = lambda entries, *a, **k: steps.append([len(e.token_ids) for e in entries]) or run_step(  # type: ignore[method-assign]
-        entries, *a, **k)
+    steps = record_step_lengths(eng)
     warm_up(eng)
     assert sum(steps[0]) == 1024 and max(steps[0]) == 298 and steps[0].count(298) == 2, steps[0]
     assert not eng.has_unfinished()
