@@ -16,6 +16,7 @@ import torch
 
 from osserve.config import CacheConfig, ModelConfig, SchedulerConfig, preset
 from osserve.distributed.layout import ParallelConfig, ShardLayout
+from osserve.engine.compile_log import CompileLog
 from osserve.engine.core import decode_first
 from osserve.engine.core.kv_cache import KVCacheManager
 from osserve.engine.engine import EngineParts, LLMEngine
@@ -165,6 +166,7 @@ def build_engine(args: EngineArgs) -> LLMEngine:
     refuse_unsupported(args)
     spec = resolve_speculative(args)
     device = resolve_device(args.device)
+    compiles = CompileLog.install() if device.type == "cuda" else None
     cfg, model_dir = model_source(args)
     parallel = parallel_config(args)
     if spec is not None and parallel.size > 1:
@@ -190,8 +192,9 @@ def build_engine(args: EngineArgs) -> LLMEngine:
     kv = KVCacheManager(block_size=plan.block_size, num_blocks=plan.num_blocks, groups=groups,
                         enable_prefix_caching=rank.cache.enable_prefix_caching)
     engine = LLMEngine(EngineParts(cfg, rank.cache, sched, rank.runner, kv, load_tokenizer(), rank.decoder))
-    if device.type == "cuda":
+    if compiles is not None:
         warm_up(engine)
+        compiles.serving = True
     return engine
 
 
