@@ -6,13 +6,19 @@ prompts do not wait for Triton to compile them (the first wave of a 256-stream b
   whole contexts as fit (above 4096 tokens a step takes the dense MoE path). With one prompt of a
   context (4,094 tokens under the benchmarks' --max-model-len 4096) a step never reached that path
   here, and the first wave of a 1k-token benchmark met it cold: its 16-prompt steps' TTFT p99 was
-  9.5 s on a fresh machine against 6.2-6.3 on a warm one (H100, 2026-11-27; the dense path's
-  compiles are the likely cause, not checked).
-- Step 2: their decodes beside seven short prompts and one longer than a mixed-step graph takes,
-  added after step 1 so that they cannot join it: an eager mixed step (the swapped MoE kernel,
-  attention split between the decode and prefill kernels). Without it, the first wave of a
-  1k-token benchmark compiled that split and its TTFT p99 grew by ~6 s (H100, 2026-11-27).
+  9.5 s on a fresh machine against 6.2-6.3 on a warm one (H100, 2026-11-27). With this step it
+  was still 8.2 s: what the first wave compiled then is in step 2.
+- Step 2: their decodes beside short prompts and one longer than a mixed-step graph takes, added
+  after step 1 so that they cannot join it: an eager mixed step (the swapped MoE kernel, attention
+  split between the decode and prefill kernels). Without it, the first wave of a 1k-token
+  benchmark compiled that split and its TTFT p99 grew by ~6 s (H100, 2026-11-27). The new prompts
+  sample at temperature 1, and the step samples more rows than the small-batch logits kernel takes
+  (SMALL_M_TOKENS): the sampling kernel then reads bf16 logits, as at serving batches, not float32
+  (a 20b server compiled it for the first wave, H100, 2026-11-27: compile_log.py's warning).
 - Then one prompt alone.
+
+A kernel compiled after it is logged as a warning (compile_log.py), with what sets it apart from
+the warm-up's compiles of that kernel.
 
 The short prompts and the lone one sample at temperature 1, as the server's requests do by
 default: the first request after start-up, alone and sampled, otherwise compiled the one-row
@@ -31,6 +37,7 @@ from typing import TYPE_CHECKING
 
 from osserve.engine.core.sampling_params import SamplingParams
 from osserve.engine.worker.mixed_graphs import QUERY_BUCKETS
+from osserve.ops.linear.small_m_triton import MAX_TOKENS as SMALL_M_TOKENS
 from osserve.structured.spec import StructuredOutputs
 
 if TYPE_CHECKING:
@@ -65,7 +72,12 @@ def warm_up(engine: LLMEngine) -> None:
     add([(longest, 2, 0.0, False)] * whole + [(rest, 2, 0.0, False)] * (rest > 0)
         + [(short, 2, 0.0, False), (short, 2, 0.0, False)])
     engine.step()
-    add([(37, 1, 1.0, False)] * 7 + [(min(QUERY_BUCKETS[-1] + 1, min(budget, longest) // 2), 1, 1.0, False)])
+    # With the long one, more rows than SMALL_M_TOKENS, where the sequence cap lets all in one step.
+    decoding = whole + (rest > 0) + 2
+    seqs = engine.scheduler_config.max_num_seqs
+    short_sampled = max(7, min(SMALL_M_TOKENS - decoding, seqs - decoding - 1))
+    add([(37, 1, 1.0, False)] * short_sampled
+        + [(min(QUERY_BUCKETS[-1] + 1, min(budget, longest) // 2), 1, 1.0, False)])
     run_to_end()
     add([(41, 2, 1.0, True)])
     run_to_end()

@@ -247,14 +247,27 @@ for i in range(16):  # then a burst of long prompts (steps of 8-16k tokens: the 
                        sampling_params(temperature=None, top_p=None, max_tokens=3, seed=None))
 while engine.has_unfinished():
     engine.step()
+# then 40 streams (more sampled rows than the small-batch logits kernel: bf16 logits), ending one
+# by one, and a prompt arriving at each of their steps: mixed steps with 1 to 40 decodes before it
+for i in range(40):
+    engine.add_request(f"wave-{i}", [(17 * t + i) % 1000 for t in range(50)],
+                       sampling_params(temperature=None, top_p=None, max_tokens=2 + i, seed=None))
+for i in range(40):
+    engine.add_request(f"late-{i}", [(19 * t + i) % 1000 for t in range(200)],
+                       sampling_params(temperature=None, top_p=None, max_tokens=1, seed=None))
+    engine.step()
+while engine.has_unfinished():
+    engine.step()
 print("compiled after warm-up:", sorted(set(compiled)))
 """
 
 
 def test_warm_up_compiles_what_the_first_requests_need(tiny_checkpoint: Path) -> None:
     """After start-up (warm-up included), the first requests a server gets, a lone one first, at
-    its default temperature, then a burst of 1,000-token prompts, compile no Triton kernel: a fresh
-    process, so no other test's compiles count."""
+    its default temperature, then a burst of 1,000-token prompts, then 40 streams with a prompt
+    arriving at each of their steps, compile no Triton kernel: a fresh process, so no other test's
+    compiles count. (Triton specialises on more than the constexprs: a pointer's alignment, an
+    integer's divisibility; engine/compile_log.py names what a late compile differed in.)"""
     import subprocess
     import sys
 

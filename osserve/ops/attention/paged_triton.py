@@ -111,8 +111,12 @@ def _tiles(
 
 
 # Per-step sizes are not specialised (Triton would compile a variant for a table width of 1, of a
-# multiple of 16, and of anything else, and a serving step that meets one first waits ~1 s for it).
-@triton.jit(do_not_specialize=["window", "stride_bt"])
+# multiple of 16, and of anything else, and a serving step that meets one first waits ~1 s for it),
+# nor the alignment of the per-sequence tables a mixed batch's split slices from its first prompt on
+# (seq_lens[lo:] is 16-byte aligned only where lo is a multiple of 4): served 20b steps compiled
+# the block table's unaligned variant after the warm-up (H100, 2026-11-27, compile_log.py).
+@triton.jit(do_not_specialize=["window", "stride_bt"],
+            do_not_specialize_on_alignment=["qsl_ptr", "seq_lens_ptr", "bt_ptr"])
 def _prefill_kernel(
     q_ptr, k_ptr, v_ptr, o_ptr, sinks_ptr,
     ks_ptr, vs_ptr,  # FP8: [num_blocks, block_size, kv_heads] bf16 scales (else unused)
