@@ -25,6 +25,8 @@ Specialisation = dict[str, str]  # argument name -> its type, constant value or 
 
 @dataclass
 class CompileLog:
+    """Every compile's specialisation by kernel (a handful each); once serving, each new one warned of."""
+
     serving: bool = False  # set once the warm-up is over: compiles from then on are warned of
     compiled: dict[str, list[Specialisation]] = field(default_factory=dict)  # kernel -> its compiles
     late: list[str] = field(default_factory=list)  # the warnings' texts
