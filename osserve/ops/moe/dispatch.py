@@ -59,8 +59,9 @@ def fused_moe(
 
         prepared = experts.prepared
         # Up to MAX_TOKENS (both 4-bit kernels' range) the fused kernels win; the dense path is for
-        # whole prompts (it syncs the host once per expert: ~0.3 s a step at serving's 1-2k-token
-        # mixed batches).
+        # whole prompts. It dequantises every expert it runs on each call and reads their counts on
+        # the host (once a layer; when it synced once per expert, serving's 1-2k-token mixed steps
+        # took ~0.3 s on it: c64087c).
         if prepared is not None and x.shape[0] <= swapped.MAX_TOKENS:
             return _fused(x, topk_weights, topk_ids, prepared, swiglu_limit, reduce, plan)
         dense_ok = experts.gate_up_blocks is not None and not torch.cuda.is_current_stream_capturing()
