@@ -69,11 +69,12 @@ def warm_up(engine: LLMEngine) -> None:
             engine.step()
 
     whole, rest = divmod(fill, longest)
-    add([(longest, 2, 0.0, False)] * whole + [(rest, 2, 0.0, False)] * (rest > 0)
-        + [(short, 2, 0.0, False), (short, 2, 0.0, False)])
+    first = ([(longest, 2, 0.0, False)] * whole + [(rest, 2, 0.0, False)] * (rest > 0)
+             + [(short, 2, 0.0, False), (short, 2, 0.0, False)])
+    add(first)
     engine.step()
     # With the long one, more rows than SMALL_M_TOKENS, where the sequence cap lets all in one step.
-    decoding = whole + (rest > 0) + 2
+    decoding = len(first)
     seqs = engine.scheduler_config.max_num_seqs
     short_sampled = max(7, min(SMALL_M_TOKENS - decoding, seqs - decoding - 1))
     add([(37, 1, 1.0, False)] * short_sampled
