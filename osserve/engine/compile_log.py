@@ -29,7 +29,6 @@ class CompileLog:
 
     serving: bool = False  # set once the warm-up is over: compiles from then on are warned of
     compiled: dict[str, list[Specialisation]] = field(default_factory=dict)  # kernel -> its compiles
-    late: list[str] = field(default_factory=list)  # the warnings' texts
 
     @classmethod
     def install(cls) -> CompileLog:
@@ -56,9 +55,7 @@ class CompileLog:
                              for name in differences(closest, spec))
         else:
             what = "first compile; " + ", ".join(f"{k}{v}" for k, v in spec.items() if v.startswith("="))
-        text = f"Triton compiled {kernel} after the warm-up ({what}): the step that needed it waited for it"
-        self.late.append(text)
-        log.warning(text)
+        log.warning("Triton compiled %s after the warm-up (%s): the step that needed it waited for it", kernel, what)
 
 
 def specialisation(kernel: Any, compile: dict[str, Any]) -> Specialisation:
