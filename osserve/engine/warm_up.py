@@ -2,6 +2,8 @@
 prompts do not wait for Triton to compile them (the first wave of a 256-stream benchmark waited
 3.5 s for its first tokens).
 
+- First, a prompt bound to a JSON object for each mask lane (structured/matchers.py), so that each
+  lane's copy of that grammar is compiled and step 2's short prompts join their step at once.
 - Step 1: prompts filling the token budget, none longer than a context: two short ones and as many
   whole contexts as fit (above 4096 tokens a step takes the dense MoE path). With one prompt of a
   context (4,094 tokens under the benchmarks' --max-model-len 4096) a step never reached that path
@@ -12,9 +14,11 @@ prompts do not wait for Triton to compile them (the first wave of a 256-stream b
   after step 1 so that they cannot join it: an eager mixed step (the swapped MoE kernel, attention
   split between the decode and prefill kernels). Without it, the first wave of a 1k-token
   benchmark compiled that split and its TTFT p99 grew by ~6 s (H100, 2026-11-27). The new prompts
-  sample at temperature 1, and the step samples more rows than the small-batch logits kernel takes
-  (SMALL_M_TOKENS): the sampling kernel then reads bf16 logits, as at serving batches, not float32
-  (a 20b server compiled it for the first wave, H100, 2026-11-27: compile_log.py's warning).
+  sample at temperature 1, the short ones bound to a JSON object, and the step samples more rows
+  than the small-batch logits kernel takes (SMALL_M_TOKENS): the sampling and mask kernels then
+  read bf16 logits, as at serving batches, not float32 (a 20b server compiled the sampling kernel
+  for the first wave, and the mask kernel for the first schema-bound batch: H100, 2026-11-27,
+  compile_log.py's warning).
 - Then one prompt alone.
 
 A kernel compiled after it is logged as a warning (compile_log.py), with what sets it apart from
@@ -22,10 +26,10 @@ the warm-up's compiles of that kernel.
 
 The short prompts and the lone one sample at temperature 1, as the server's requests do by
 default: the first request after start-up, alone and sampled, otherwise compiled the one-row
-logits projection and the sampling kernel (~1.1 s at 120b). The lone prompt's answer is bound to a
-JSON object: the grammar library's tokenizer, the first compile and the mask kernel are built here,
-not for the first structured requests (H100, 2026-11-25: the first round of 1,024 schema-bound
-requests at c=256 had a TTFT p90 of 3.7-4.4 s, the next 0.37 s).
+logits projection and the sampling kernel (~1.1 s at 120b). The first prompts' answers are bound
+to a JSON object, and so is the lone one's: the grammar library's tokenizer, the first compile and
+the mask kernel are built here, not for the first structured requests (H100, 2026-11-25: the
+first round of 1,024 schema-bound requests at c=256 had a TTFT p90 of 3.7-4.4 s, the next 0.37 s).
 
 Leaves no request and no statistics behind; the prompts' blocks and the grammar stay cached.
 """
@@ -68,16 +72,19 @@ def warm_up(engine: LLMEngine) -> None:
         while engine.has_unfinished():
             engine.step()
 
+    add([(41, 2, 1.0, True)] * engine.grammars.compiler.num_lanes)
+    run_to_end()
     whole, rest = divmod(fill, longest)
     first = ([(longest, 2, 0.0, False)] * whole + [(rest, 2, 0.0, False)] * (rest > 0)
              + [(short, 2, 0.0, False), (short, 2, 0.0, False)])
     add(first)
     engine.step()
     # With the long one, more rows than SMALL_M_TOKENS, where the sequence cap lets all in one step.
+    # The short ones are JSON-bound: their grammar's lanes are compiled, so they join this step.
     decoding = len(first)
     seqs = engine.scheduler_config.max_num_seqs
     short_sampled = max(7, min(SMALL_M_TOKENS - decoding, seqs - decoding - 1))
-    add([(37, 1, 1.0, False)] * short_sampled
+    add([(37, 1, 1.0, True)] * short_sampled
         + [(min(QUERY_BUCKETS[-1] + 1, min(budget, longest) // 2), 1, 1.0, False)])
     run_to_end()
     add([(41, 2, 1.0, True)])

@@ -108,8 +108,28 @@ def test_warm_up_fills_a_step_past_one_context(tiny_checkpoint: Path) -> None:
                                   max_num_batched_tokens=1024))
     steps = record_step_lengths(eng)
     warm_up(eng)
-    assert sum(steps[0]) == 1024 and max(steps[0]) == 298 and steps[0].count(298) == 2, steps[0]
+    first = next(lens for lens in steps if max(lens) > 41)  # after the JSON-bound prompt of each mask lane
+    assert sum(first) == 1024 and max(first) == 298 and first.count(298) == 2, steps
     assert not eng.has_unfinished()
+
+
+def test_warm_up_masks_more_rows_than_the_small_batch_head(tiny_checkpoint: Path) -> None:
+    """The warm-up's mixed step samples more rows than the small-batch logits kernel takes, most of
+    them under a JSON grammar's mask: on a GPU the mask kernel then meets bf16 logits, as a
+    schema-bound serving batch does, not only float32 (compile_log.py warned of it after start-up)."""
+    from osserve.ops.linear.small_m_triton import MAX_TOKENS as SMALL_M_TOKENS
+
+    eng = make_engine(tiny_checkpoint, max_num_seqs=64)
+    sampled: list[tuple[int, int]] = []  # (rows, masked rows) a step
+    launch = eng._launch_sample
+
+    def record(rows, logits, greedy, token_masks=None):  # type: ignore[no-untyped-def]
+        sampled.append((len(rows), len(token_masks[0]) if token_masks is not None else 0))
+        return launch(rows, logits, greedy, token_masks)
+
+    eng._launch_sample = record  # type: ignore[method-assign]
+    warm_up(eng)
+    assert any(rows > SMALL_M_TOKENS and masked > SMALL_M_TOKENS // 2 for rows, masked in sampled), sampled
 
 
 def test_tiny_chunks_equal_alone(tiny_checkpoint: Path, alone: dict[str, list[int]]) -> None:

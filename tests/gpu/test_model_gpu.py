@@ -258,6 +258,15 @@ for i in range(40):
     engine.step()
 while engine.has_unfinished():
     engine.step()
+# then 40 harmony turns whose answer is bound to a schema (the mask kernel over bf16 logits)
+from osserve.structured.spec import StructuredOutputs
+schema = {"type": "object", "properties": {"answer": {"type": "integer"}}, "required": ["answer"]}
+for i in range(40):
+    engine.add_request(f"json-{i}", [(23 * t + i) % 1000 for t in range(60)] + [200006, 173781],
+                       sampling_params(temperature=None, top_p=None, max_tokens=6, seed=None,
+                                       extra={"structured": StructuredOutputs(json_schema=schema, harmony=True)}))
+while engine.has_unfinished():
+    engine.step()
 print("compiled after warm-up:", sorted(set(compiled)))
 """
 
@@ -265,9 +274,10 @@ print("compiled after warm-up:", sorted(set(compiled)))
 def test_warm_up_compiles_what_the_first_requests_need(tiny_checkpoint: Path) -> None:
     """After start-up (warm-up included), the first requests a server gets, a lone one first, at
     its default temperature, then a burst of 1,000-token prompts, then 40 streams with a prompt
-    arriving at each of their steps, compile no Triton kernel: a fresh process, so no other test's
-    compiles count. (Triton specialises on more than the constexprs: a pointer's alignment, an
-    integer's divisibility; engine/compile_log.py names what a late compile differed in.)"""
+    arriving at each of their steps, then 40 schema-bound turns, compile no Triton kernel: a fresh
+    process, so no other test's compiles count. (Triton specialises on more than the constexprs: a
+    pointer's alignment, an integer's divisibility, a tensor's dtype; engine/compile_log.py names
+    what a late compile differed in.)"""
     import subprocess
     import sys
 
