@@ -246,8 +246,12 @@ def _prefill(
     # BLOCK_N 32 measured fastest on the H100 with 128-row tiles (benchmarks/NOTES-attention.md).
     block_n = block_n or (16 if interpreting() else 32)
     grid = (num_seqs, triton.cdiv(max_query_len, block_q), kv_heads)
-    tree_args = (tree.bits, tree.positions, tree.start) if tree is not None else (seq_lens, seq_lens, seq_lens)
-    ks, vs, scale_strides = scale_args(k_scales, v_scales, seq_lens)
+    # Without a tree, or scales, the kernel reads none of those arguments: `sinks` stands in, a
+    # parameter whose alignment never changes. seq_lens, sliced by a mixed batch's split, did stand
+    # in, and a 120b server's first wave compiled the kernel for its unaligned tree arguments (H200,
+    # 2026-11-27, compile_log.py).
+    tree_args = (tree.bits, tree.positions, tree.start) if tree is not None else (sinks, sinks, sinks)
+    ks, vs, scale_strides = scale_args(k_scales, v_scales, sinks)
     _prefill_kernel[grid](
         q, k_cache, v_cache, out, sinks, ks, vs, query_start_loc, seq_lens, block_tables, *tree_args,
         scale * LOG2E, window or 0,
