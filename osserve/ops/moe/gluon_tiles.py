@@ -30,8 +30,10 @@ GATE_UP_TILES_BY_BLOCK_T = {8: 1, 16: 1, 32: 2, 64: 2}
 # activation copies between two MMAs (hidden = 2880 is 45 tiles: the last program's second repeats
 # its first and stores nothing). H200, benchmarks/diag/moe_tiles.py --kernels, the down kernel's µs
 # a layer, one tile vs two (2026-11-27): 20b T=256 (32-token tiles) 122.7 vs 116.5, T=2304 (64)
-# 686.1 vs 498.5; 120b T=512 (32) 296.7 vs 255.0, T=256 (16) 239.7 vs 219.9 (16-token tiles kept at
-# one: not measured at their smaller batches).
+# 686.1 vs 498.5; 120b T=512 (32) 296.7 vs 255.0, T=256 (16) 239.7 vs 219.9. The 16-token tiles keep
+# one: the whole layer (H100, moe_tiles.py, 2026-11-27, µs, one tile / two / 32-token ragged tiles
+# with two) 20b T=40-64 173-176 / 183-184 / 181-182, 120b T=160 639 / 645 / 655, T=192 640 / 653 /
+# 664, T=256 668 / 663 / 673.
 DOWN_TILES_BY_BLOCK_T = {8: 1, 16: 1, 32: 2, 64: 2}
 # The K loops with a copy warp (moe/gluon_ws.py) where the gate/up grid is at most WS_PROGRAMS_PER_SM
 # programs an SM by used_tiles' bound (8- and 16-token tiles, one tile a program): batch 1 (450 on 132
