@@ -161,3 +161,33 @@ def test_prompt_range_only_for_mixed_batches() -> None:
     # A mixed-step graph: its host lists are the capture's; the replays split on the device.
     graph = AttentionMetadata(torch.zeros(6), torch.zeros(5), [64], [4096], {}, replays_mixed=True)
     assert graph.prompt_range == (0, 5)
+
+
+def test_mixed_batch_split_passes_slices_only_where_alignment_is_not_specialised(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A mixed batch's split hands the prefill kernel its per-sequence tables from the first prompt
+    on (seq_lens[lo:], ...): their alignment varies from step to step, so the kernel must not
+    specialise on it (else a served step compiles it anew: engine/compile_log.py). Every other
+    pointer, the tree's and the scales' placeholders included, stays 16-byte aligned."""
+    from osserve.ops.attention import paged_triton
+
+    kernel = paged_triton._prefill_kernel
+    launches: list[tuple[object, ...]] = []
+
+    class Recorder:
+        def __getitem__(self, grid: object):  # type: ignore[no-untyped-def]
+            return lambda *args, **kwargs: launches.append(args)
+
+    monkeypatch.setattr(paged_triton, "_prefill_kernel", Recorder())
+    seqs = MIXED_SPLIT_BATCHES["decodes_first"]
+    lo, _ = prompt_range(seqs)
+    assert lo % 4 != 0  # seq_lens[lo:] (int32) is not 16-byte aligned: the case under test
+    case = make_case(seqs, 4, 2, 16, 4, None, device=DEVICE, seed=3)
+    run_kernel(case, is_decode=False, prompt_range=(lo, len(seqs)))
+    (args,) = launches
+    pointers = {name: a for name, a in zip(kernel.arg_names, args, strict=False) if isinstance(a, torch.Tensor)}
+    unaligned = {name for name, t in pointers.items() if t.data_ptr() % 16}
+    assert "seq_lens_ptr" in unaligned
+    # The compiled kernel keeps its options as attributes, the interpreted one in `kwargs`.
+    options = getattr(kernel, "kwargs", None) or vars(kernel)
+    assert unaligned <= set(options["do_not_specialize_on_alignment"]), unaligned
