@@ -43,8 +43,7 @@ for server_args in "$@"; do
         --concurrency "$CONCURRENCY" --num-requests "$N" --timeout 300 \
         --output-json "$OUT/serve-df-$PRESET-$run.json" | grep -E "completed|output token|TTFT ms|ITL ms"
     grep "engine: " "$log" | tail -1
-    # kernels the warm-up missed (engine/compile_log.py; a tree older than 312dc19 logs none)
-    echo "late compiles: $(grep -c "after the warm-up" "$log")"; grep "after the warm-up" "$log" | cut -c1-400
+    late_compiles "$log"
     echo "$run|${server_args:-(defaults)}|$OUT/serve-df-$PRESET-$run.json" >> "$OUT/df-runs-$PRESET.txt"
     kill $server; wait $server 2>/dev/null
     sleep 3  # the port and the GPU's memory free again

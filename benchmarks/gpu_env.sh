@@ -15,3 +15,8 @@ wait_for_server() {
         sleep 1
     done
 }
+# late_compiles LOG: the kernels a server's warm-up missed (engine/compile_log.py's warnings; a tree
+# older than 312dc19 logs none), counted, then each, cut to 400 characters
+late_compiles() {
+    echo "late compiles: $(grep -c "after the warm-up" "$1")"; grep "after the warm-up" "$1" | cut -c1-400
+}

@@ -29,8 +29,7 @@ for server_args in "$@"; do
         --timeout 330 --prompt "Explain quantum mechanics in one paragraph." \
         --output-json "$OUT/serve-ab-$PRESET-$run.json")
     echo "$result" | grep -E "completed|output token|TTFT ms"
-    # kernels the warm-up missed (engine/compile_log.py; a tree older than 312dc19 logs none)
-    echo "late compiles: $(grep -c "after the warm-up" "$log")"; grep "after the warm-up" "$log" | cut -c1-400
+    late_compiles "$log"
     tok=$(echo "$result" | grep "output token throughput" | grep -oE "[0-9]+\.[0-9]+" | head -1)
     ttft=$(echo "$result" | grep "TTFT ms" | grep -oE "[0-9]+\.[0-9]+" | sed -n 2,4p | tr '\n' ' ')
     failed=$(echo "$result" | grep "completed / failed" | grep -oE "[0-9]+ / [0-9]+")
