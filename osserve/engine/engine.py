@@ -58,6 +58,7 @@ from osserve.engine.worker.runner import BatchEntry, ModelRunner
 from osserve.engine.worker.sampler import MaskUpload, RowSettings, Sampler, SamplerOutput, SamplingBatch
 from osserve.errors import InvalidRequestError
 from osserve.speculative.decoder import SpeculativeDecoder
+from osserve.structured.grammar_process import RemoteGrammars, in_own_process
 from osserve.structured.matchers import Grammars
 from osserve.tokenizer import Tokenizer
 
@@ -91,7 +92,10 @@ class LLMEngine:
         self.generation_tokens_total = 0
         self.profile = StepProfile()
         self.in_flight: InFlightStep | None = None
-        self.grammars = Grammars(parts.model_config.vocab_size, pin_memory=self.runner.device.type == "cuda")
+        cuda = self.runner.device.type == "cuda"
+        self.grammars: Grammars | RemoteGrammars = (
+            RemoteGrammars(parts.model_config.vocab_size, parts.scheduler_config.max_num_seqs, pin_memory=cuda)
+            if in_own_process(cuda) else Grammars(parts.model_config.vocab_size, pin_memory=cuda))
         self.mask_upload = MaskUpload(self.runner.device)
         self.row_settings: RowSettings | None = None  # the last step's rows' (reused while they sample in order)
         self.compiling: dict[str, Request] = {}  # waiting for their grammar before they are scheduled
@@ -219,7 +223,7 @@ class LLMEngine:
             fill = self.grammars.begin_masks([r.request_id for r in rows])
             self.profile.grammar += time.perf_counter() - start
             if fill is not None:
-                if prev is not None and fill.futures:
+                if prev is not None and fill.in_background:
                     # The step before's outputs while llguidance fills the masks in its own threads.
                     start, before = time.perf_counter(), self._inside_totals()
                     deltas = self._finish(prev)
@@ -229,7 +233,7 @@ class LLMEngine:
                 self.profile.grammar += time.perf_counter() - start
                 self.profile.mask_wait += masks.waited
         result = self._launch_sample(rows, step_logits.logits, step_logits.greedy,
-                                     (masks.rows, masks.bits) if masks is not None else None)
+                                     (masks.rows, masks.bits) if masks is not None and masks.rows else None)
         # The ids are on the host already where the sampler took the head's greedy ids as they are.
         on_host = step_logits.greedy_host if result is not None and result.token_ids is step_logits.greedy else None
         ahead = self.scheduler_config.async_scheduling and all(
@@ -244,6 +248,8 @@ class LLMEngine:
             step.grammar_dead = {rows[i].request_id for i in masks.dead}
         if deltas is None:
             deltas = self._finish(prev) if prev is not None else []
+        if masks is not None:  # tokens of the step before that a grammar rejected, known only now
+            deltas += [self._end_by_grammar(rid) for rid in masks.rejected if rid in self.requests]
         if ahead:
             self.in_flight = step
             return deltas
@@ -349,7 +355,7 @@ class LLMEngine:
                 start = time.perf_counter()
                 live = {r.request_id: sampled[r.request_id] for r in step.requests
                         if self.requests.get(r.request_id) is r}
-                step.grammar_dead |= self.grammars.accept(live)
+                step.grammar_dead |= self.grammars.accept(live, defer=True)
                 spent = time.perf_counter() - start
                 self.profile.grammar += spent
                 self.profile.grammar_accept += spent

@@ -28,6 +28,7 @@ from osserve.engine.in_flight import InFlightStep, start_host_copy
 from osserve.engine.worker.runner import BatchEntry, ModelRunner
 from osserve.engine.worker.sampler import SamplerOutput
 from osserve.speculative.decoder import SpeculativeDecoder
+from osserve.structured.grammar_process import RemoteGrammars
 from osserve.structured.matchers import Grammars
 
 
@@ -37,7 +38,7 @@ class SpeculatingEngine(Protocol):
     scheduler: Scheduler
     scheduler_config: SchedulerConfig
     runner: ModelRunner
-    grammars: Grammars
+    grammars: Grammars | RemoteGrammars
     requests: dict[str, Request]
     generators: dict[str, torch.Generator]
     prompt_tokens_total: int
@@ -87,7 +88,7 @@ def speculative_step(engine: SpeculatingEngine, spec: SpeculativeDecoder) -> lis
     masks = engine.grammars.masks([rows[i].request_id for i in plain]) if engine.grammars.states else None
     index = torch.tensor([first[i] for i in plain], dtype=torch.int64, device=step.logits.device)
     result = engine._launch_sample([rows[i] for i in plain], step.logits[index], None,
-                                   (masks.rows, masks.bits) if masks is not None else None)
+                                   (masks.rows, masks.bits) if masks is not None and masks.rows else None)
     sampled: dict[str, int | list[int]] = {}
     if drafting:
         index = torch.tensor([j for i in drafting for j in range(first[i], first[i] + 1 + len(trees[

@@ -87,6 +87,12 @@ class MaskFill:
     filled: list[tuple[int, GrammarState]]
     fast: dict[int, Bounded]
     futures: list[Future[list[int]]]  # each lane's: the slots whose fast matcher rejected a token
+    elsewhere: bool = False  # filled by another process (grammar_process.py): the fields above are unused
+
+    @property
+    def in_background(self) -> bool:
+        """Whether masks are being filled beside the caller (threads, a process) until end_masks."""
+        return self.elsewhere or bool(self.futures)
 
 
 @dataclass
@@ -99,13 +105,18 @@ class StepMasks:
     bits: torch.Tensor
     dead: list[int]
     waited: float = 0.0  # seconds end_masks waited for llguidance's threads
+    # Requests whose grammar rejected a token fed with `accept(..., defer=True)` (grammar_process.py
+    # reports them here; Grammars itself reports every rejection from accept).
+    rejected: list[str] = field(default_factory=list)
 
 
 class Grammars:
     def __init__(self, vocab_size: int, pin_memory: bool = False, shared_masks: bool = True,
-                 lanes: int = MASK_THREADS) -> None:
+                 lanes: int = MASK_THREADS, buffer: torch.Tensor | None = None) -> None:
         """shared_masks: give free-text and finished rows their grammar's shared mask (False: every
-        row from llguidance, as a reference). lanes: the mask lanes (the module's docstring)."""
+        row from llguidance, as a reference). lanes: the mask lanes (the module's docstring).
+        buffer: the [rows, words] int32 host buffer the masks are filled into, for good (a step
+        never has more rows; grammar_process.py's shared memory), else one grown as steps need."""
         self.words = (vocab_size + 31) // 32
         self.pin_memory = pin_memory
         self.shared_masks = shared_masks
@@ -114,8 +125,10 @@ class Grammars:
         self.states: dict[str, GrammarState] = {}
         self._executors: list[LLExecutor] = []  # a single-threaded llguidance pool a lane (begin_masks makes them)
         self._fillers = ThreadPoolExecutor(lanes, thread_name_prefix="osserve-masks")
-        self._buffer = torch.empty(0, self.words, dtype=torch.int32)
-        self._holds: list[torch.Tensor | None] = []  # the shared mask each buffer row holds, if any
+        self._fixed = buffer is not None
+        self._buffer = buffer if buffer is not None else torch.empty(0, self.words, dtype=torch.int32)
+        # The shared mask each buffer row holds, if any.
+        self._holds: list[torch.Tensor | None] = [None] * self._buffer.shape[0]
 
     # ------------------------------------------------------------------ compiling
     def grammar_for(self, spec: StructuredOutputs, max_tokens: int | None) -> Prepared | None:
@@ -173,9 +186,10 @@ class Grammars:
         self.states.pop(request_id, None)
 
     # ------------------------------------------------------------------ stepping
-    def accept(self, sampled: dict[str, int]) -> set[str]:
+    def accept(self, sampled: dict[str, int], defer: bool = False) -> set[str]:
         """Feed each constrained request the token it sampled (once, in order); returns the requests
-        whose grammar rejected it."""
+        whose grammar rejected it. defer: the caller takes rejections later too (from end_masks'
+        StepMasks.rejected, where grammar_process.py feeds the tokens); here they come at once."""
         rejected = set()
         states, whole, text = self.states, utf8_shapes().whole, Phase.TEXT
         for rid, token in sampled.items():
@@ -264,6 +278,7 @@ class Grammars:
         if not n:
             return None
         if self._buffer.shape[0] < n:
+            assert not self._fixed, f"{n} constrained rows in a step, for a buffer of {self._buffer.shape[0]}"
             self._buffer = torch.empty(max(n, 2 * self._buffer.shape[0]), self.words, dtype=torch.int32,
                                        pin_memory=self.pin_memory)
             self._holds = [None] * self._buffer.shape[0]

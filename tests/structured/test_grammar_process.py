@@ -1,0 +1,89 @@
+"""The grammars in a process of their own (structured/grammar_process.py): the same outputs as in
+the engine's process, rejections reported with the next masks, a dead child a clear error."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import jsonschema
+import pytest
+
+from osserve.engine.core.sampling_params import RETURN_TOKEN
+from osserve.engine.load import EngineArgs, build_engine
+from osserve.harmony.stream import parse_completion
+from osserve.structured.grammar import grammar_text
+from osserve.structured.grammar_process import ENV, GrammarProcessError, RemoteGrammars
+from osserve.structured.matchers import Grammars
+from osserve.structured.spec import StructuredOutputs
+from osserve.tokenizer import load_tokenizer
+from tests.structured.test_engine_structured import SCHEMA, TIME, WEATHER, prompt, run, sampled
+
+VOCAB = 201088
+
+
+def requests() -> dict:  # type: ignore[type-arg]
+    json_turn = StructuredOutputs(json_schema=SCHEMA, harmony=True)
+    required = StructuredOutputs(harmony=True, tools=[WEATHER, TIME], tool_choice="required")
+    digits = StructuredOutputs(regex=r"[0-9]{2,6}")
+    return ({f"json{s}": (prompt(s), sampled(json_turn, s, max_tokens=96)) for s in range(4)}
+            | {f"tool{s}": (prompt(s), sampled(required, s, max_tokens=48)) for s in range(2)}
+            | {f"re{s}": (prompt(s), sampled(digits, s, max_tokens=8)) for s in range(2)}
+            | {"free": (prompt(1), sampled(None, 9, max_tokens=24))})  # type: ignore[arg-type]
+
+
+def test_outputs_equal_those_of_the_engines_own_process(tiny_checkpoint: Path, monkeypatch: pytest.MonkeyPatch,
+                                                        ) -> None:
+    outs = {}
+    for setting in ("0", "1"):
+        monkeypatch.setenv(ENV, setting)
+        engine = build_engine(EngineArgs(model=str(tiny_checkpoint), device="cpu", max_model_len=1024))
+        assert isinstance(engine.grammars, RemoteGrammars if setting == "1" else Grammars)
+        outs[setting] = run(engine, requests())
+        assert not engine.grammars.states and not engine.requests
+        del engine
+    assert outs["1"] == outs["0"]
+    for s in range(4):  # and they are what they should be
+        ids = outs["1"][f"json{s}"]
+        assert ids[-2] == RETURN_TOKEN
+        jsonschema.validate(json.loads(parse_completion(ids[:-1]).content), SCHEMA)
+
+
+@pytest.fixture(scope="module")
+def remote() -> RemoteGrammars:
+    return RemoteGrammars(VOCAB, max_rows=4, lanes=1)
+
+
+def start_digits(grammars: RemoteGrammars, rid: str) -> None:
+    spec = StructuredOutputs(regex=r"[0-9]{2,6}")
+    text = grammar_text(spec, 8)
+    assert text is not None
+    grammars.start(rid, text)
+    assert grammars.ready(wait=True) == [(rid, None)]
+    assert rid in grammars.states
+
+
+def test_a_deferred_rejection_comes_back_with_the_next_masks(remote: RemoteGrammars) -> None:
+    letter, digit = load_tokenizer().encode("a")[0], load_tokenizer().encode("7")[0]
+    start_digits(remote, "x")
+    start_digits(remote, "y")
+    assert remote.accept({"x": letter, "y": digit}, defer=True) == set()  # nothing known yet
+    fill = remote.begin_masks(["x", "y"])
+    assert fill is not None and fill.in_background
+    masks = remote.end_masks(fill)
+    assert masks.rejected == ["x"] and "rejected" in (remote.failure("x") or "")
+    assert masks.rows == [1]  # only y's row is filled: x's grammar failed
+    allowed = masks.bits[0]
+    assert allowed[digit // 32] >> (digit % 32) & 1 and not allowed[letter // 32] >> (letter % 32) & 1
+    assert remote.accept({"y": letter}) == {"y"}  # fed at once: known at once
+    remote.drop("x")
+    remote.drop("y")
+    assert not remote.states and remote.failure("x") is None
+
+
+def test_a_dead_child_is_a_clear_error() -> None:
+    grammars = RemoteGrammars(VOCAB, max_rows=2, lanes=1)
+    grammars._proc.kill()
+    grammars._proc.wait()
+    with pytest.raises(GrammarProcessError, match="grammars' process"):
+        grammars.ready()
