@@ -1,0 +1,114 @@
+"""The step loop's grammar work in the engine's process (matchers.Grammars) against a process of its
+own (grammar_process.RemoteGrammars), on the CPU, no model: B constrained requests walk
+bench_masks' json_schema turn in step, in the engine's order (engine.py): the step before's tokens
+accepted (deferred where the grammars are remote), begin_masks, OUTPUTS_MS of the loop's own Python
+(a stand-in for turning the step before's tokens into deltas, the work the mask threads' GIL
+hand-overs slow), end_masks. The loop runs at the engine process' switch interval. Reported: the
+first step (a new process builds llguidance's tables), the
+median and p99 ms a step of the whole loop and of the stand-in alone, the worst later step and how
+many took over 20 ms.
+
+    PYTHONPATH=$PWD python benchmarks/diag/grammar_loop.py [--batch 256] [--steps 512] [--outputs-ms 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+
+from benchmarks.bench_masks import MAX_TOKENS, WORKLOADS, output_tokens
+from osserve.engine.process_engine import SWITCH_INTERVAL_S
+from osserve.structured.grammar_process import RemoteGrammars
+from osserve.structured.matchers import Grammars
+from osserve.tokenizer import load_tokenizer
+
+
+def busy(ms: float) -> float:
+    """ms of pure Python (dict and list work, as turning tokens into deltas is); returns its wall time."""
+    start = time.perf_counter()
+    end = start + ms / 1e3
+    scratch: dict[int, list[int]] = {}
+    while time.perf_counter() < end:
+        for i in range(50):
+            scratch.setdefault(i, []).append(i)
+        scratch.clear()
+    return time.perf_counter() - start
+
+
+def walk(grammars: Grammars | RemoteGrammars, batch: int, steps: int, outputs_ms: float) -> dict[str, float]:
+    work = WORKLOADS[0]
+    tokens, _ = output_tokens(work)
+    prepared = grammars.grammar_for(work.spec, MAX_TOKENS)
+    assert prepared is not None
+    remote = isinstance(grammars, RemoteGrammars)
+    pos: dict[str, int] = {}
+    serial = 0
+
+    def join(phase: int) -> None:
+        nonlocal serial
+        rid = f"r{serial}"
+        serial += 1
+        grammars.start(rid, prepared.text, prepared.free, prepared.bounded)
+        assert grammars.ready(wait=True) == [(rid, None)]
+        for t in tokens[:phase]:
+            assert not grammars.accept({rid: t})
+        pos[rid] = phase
+
+    for i in range(batch):
+        join(i * MAX_TOKENS // batch)
+    loop, outputs = [], []
+    sampled: dict[str, int] = {}
+    for _ in range(steps):
+        start = time.perf_counter()
+        if sampled:
+            assert not grammars.accept(sampled, defer=remote)
+        rids = list(pos)
+        fill = grammars.begin_masks(rids)
+        assert fill is not None
+        outputs.append(busy(outputs_ms))
+        masks = grammars.end_masks(fill)
+        assert not masks.dead and not masks.rejected, "the walk left the grammar"
+        loop.append(time.perf_counter() - start)
+        sampled = {r: tokens[pos[r]] for r in rids}
+        for r in rids:
+            pos[r] += 1
+        for r in [r for r in rids if pos[r] == MAX_TOKENS]:
+            grammars.accept({r: sampled.pop(r)}, defer=remote)  # its last token, as the engine feeds it
+            grammars.drop(r)
+            del pos[r]
+            join(0)
+
+    def ms(xs: list[float], q: float) -> float:
+        return 1e3 * sorted(xs)[min(len(xs) - 1, int(q * len(xs)))]
+
+    return {"first step": 1e3 * loop[0], "loop p50": 1e3 * statistics.median(loop), "loop p99": ms(loop, 0.99),
+            "loop max after the first": 1e3 * max(loop[1:]), "steps over 20 ms": sum(t > 0.02 for t in loop[1:]),
+            "outputs p50": 1e3 * statistics.median(outputs), "outputs p99": ms(outputs, 0.99)}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--batch", type=int, default=256)
+    ap.add_argument("--steps", type=int, default=512)
+    ap.add_argument("--outputs-ms", type=float, default=2.0)
+    ap.add_argument("--rounds", type=int, default=2)
+    args = ap.parse_args()
+    sys.setswitchinterval(SWITCH_INTERVAL_S)
+    vocab = load_tokenizer().vocab_size
+    rows = []
+    for _ in range(args.rounds):
+        for name in ("in process", "own process"):
+            grammars = (Grammars(vocab) if name == "in process" else RemoteGrammars(vocab, args.batch))
+            rows.append((name, walk(grammars, args.batch, args.steps, args.outputs_ms)))
+            print(name, {k: round(v, 3) for k, v in rows[-1][1].items()}, flush=True)
+    keys = list(rows[0][1])
+    print(f"\nB={args.batch}, {args.steps} steps, outputs stand-in {args.outputs_ms} ms; ms a step")
+    print("| grammars | " + " | ".join(keys) + " |\n|---|" + "---|" * len(keys))
+    for name, r in rows:
+        print(f"| {name} | " + " | ".join(f"{r[k]:.3f}" for k in keys) + " |")
+
+
+if __name__ == "__main__":
+    main()
