@@ -1,14 +1,17 @@
 """The step loop's grammar work in the engine's process (matchers.Grammars) against a process of its
-own (grammar_process.RemoteGrammars), on the CPU, no model: B constrained requests walk
-bench_masks' json_schema turn in step, in the engine's order (engine.py): the step before's tokens
-accepted (deferred where the grammars are remote), begin_masks, OUTPUTS_MS of the loop's own Python
-(a stand-in for turning the step before's tokens into deltas, the work the mask threads' GIL
-hand-overs slow), end_masks. The loop runs at the engine process' switch interval. Reported: the
-first step (a new process builds llguidance's tables), the
-median and p99 ms a step of the whole loop and of the stand-in alone, the worst later step and how
-many took over 20 ms.
+own (grammar_process.RemoteGrammars), on the CPU, no model: B constrained requests walk bench_masks'
+json_schema turn in step, in the engine's order (engine.py): the step before's tokens accepted
+(deferred where the grammars are remote), begin_masks, a fixed amount of the loop's own
+Python (OUTPUTS_MS alone), (a stand-
+in for turning the step before's tokens into deltas, the work the mask threads' GIL hand-overs
+slow), end_masks; for each number of mask lanes given. The loop runs at the engine process' switch
+interval. Reported: the first step (a new process builds llguidance's tables), the median and p99 ms
+a step of the whole loop and of the stand-in alone, the worst later step and how many took over 20
+ms; the medians of accept, begin_masks and end_masks (in the engine's process their sum with the
+stand-in's slowdown is the loop's grammar cost; for the remote ones end_masks is the wait for the
+child's reply).
 
-    PYTHONPATH=$PWD python benchmarks/diag/grammar_loop.py [--batch 256] [--steps 512] [--outputs-ms 2]
+    PYTHONPATH=$PWD python benchmarks/diag/grammar_loop.py [--batch 256] [--steps 512] [--outputs-ms 2] [--lanes 2 4 8]
 """
 
 from __future__ import annotations
@@ -21,23 +24,29 @@ import time
 from benchmarks.bench_masks import MAX_TOKENS, WORKLOADS, output_tokens
 from osserve.engine.process_engine import SWITCH_INTERVAL_S
 from osserve.structured.grammar_process import RemoteGrammars
-from osserve.structured.matchers import Grammars
+from osserve.structured.matchers import MASK_THREADS, Grammars
 from osserve.tokenizer import load_tokenizer
 
 
-def busy(ms: float) -> float:
-    """ms of pure Python (dict and list work, as turning tokens into deltas is); returns its wall time."""
+def busy(rounds: int) -> float:
+    """A fixed amount of pure Python (dict and list work, as turning tokens into deltas is); returns
+    its wall time, which threads taking the GIL stretch."""
     start = time.perf_counter()
-    end = start + ms / 1e3
     scratch: dict[int, list[int]] = {}
-    while time.perf_counter() < end:
+    for _ in range(rounds):
         for i in range(50):
             scratch.setdefault(i, []).append(i)
         scratch.clear()
     return time.perf_counter() - start
 
 
-def walk(grammars: Grammars | RemoteGrammars, batch: int, steps: int, outputs_ms: float) -> dict[str, float]:
+def rounds_for(ms: float) -> int:
+    """busy's rounds that take about ms alone."""
+    trial = 2000
+    return max(1, round(trial * ms / 1e3 / min(busy(trial) for _ in range(5))))
+
+
+def walk(grammars: Grammars | RemoteGrammars, batch: int, steps: int, outputs: int) -> dict[str, float]:
     work = WORKLOADS[0]
     tokens, _ = output_tokens(work)
     prepared = grammars.grammar_for(work.spec, MAX_TOKENS)
@@ -58,17 +67,23 @@ def walk(grammars: Grammars | RemoteGrammars, batch: int, steps: int, outputs_ms
 
     for i in range(batch):
         join(i * MAX_TOKENS // batch)
-    loop, outputs = [], []
+    loop, stand_in, accept, begin, end = [], [], [], [], []
     sampled: dict[str, int] = {}
     for _ in range(steps):
         start = time.perf_counter()
         if sampled:
             assert not grammars.accept(sampled, defer=remote)
+        accepted = time.perf_counter()
         rids = list(pos)
         fill = grammars.begin_masks(rids)
         assert fill is not None
-        outputs.append(busy(outputs_ms))
+        begun = time.perf_counter()
+        stand_in.append(busy(outputs))
+        ending = time.perf_counter()
         masks = grammars.end_masks(fill)
+        end.append(time.perf_counter() - ending)
+        accept.append(accepted - start)
+        begin.append(begun - accepted)
         assert not masks.dead and not masks.rejected, "the walk left the grammar"
         loop.append(time.perf_counter() - start)
         sampled = {r: tokens[pos[r]] for r in rids}
@@ -85,7 +100,9 @@ def walk(grammars: Grammars | RemoteGrammars, batch: int, steps: int, outputs_ms
 
     return {"first step": 1e3 * loop[0], "loop p50": 1e3 * statistics.median(loop), "loop p99": ms(loop, 0.99),
             "loop max after the first": 1e3 * max(loop[1:]), "steps over 20 ms": sum(t > 0.02 for t in loop[1:]),
-            "outputs p50": 1e3 * statistics.median(outputs), "outputs p99": ms(outputs, 0.99)}
+            "outputs p50": 1e3 * statistics.median(stand_in), "outputs p99": ms(stand_in, 0.99),
+            "accept p50": 1e3 * statistics.median(accept), "begin_masks p50": 1e3 * statistics.median(begin),
+            "end_masks p50": 1e3 * statistics.median(end)}
 
 
 def main() -> None:
@@ -94,14 +111,20 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=512)
     ap.add_argument("--outputs-ms", type=float, default=2.0)
     ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--lanes", type=int, nargs="+", default=[MASK_THREADS],
+                    help="mask lanes (each setting runs in both places)")
     args = ap.parse_args()
     sys.setswitchinterval(SWITCH_INTERVAL_S)
     vocab = load_tokenizer().vocab_size
+    outputs = rounds_for(args.outputs_ms)
     rows = []
     for _ in range(args.rounds):
-        for name in ("in process", "own process"):
-            grammars = (Grammars(vocab) if name == "in process" else RemoteGrammars(vocab, args.batch))
-            rows.append((name, walk(grammars, args.batch, args.steps, args.outputs_ms)))
+        for lanes in args.lanes:
+            for place in ("in process", "own process"):
+                grammars = (Grammars(vocab, lanes=lanes) if place == "in process"
+                            else RemoteGrammars(vocab, args.batch, lanes=lanes))
+                name = f"{place}, {lanes} lanes"
+                rows.append((name, walk(grammars, args.batch, args.steps, outputs)))
             print(name, {k: round(v, 3) for k, v in rows[-1][1].items()}, flush=True)
     keys = list(rows[0][1])
     print(f"\nB={args.batch}, {args.steps} steps, outputs stand-in {args.outputs_ms} ms; ms a step")
