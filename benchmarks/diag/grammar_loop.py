@@ -1,22 +1,23 @@
 """The step loop's grammar work in the engine's process (matchers.Grammars) against a process of its
 own (grammar_process.RemoteGrammars), on the CPU, no model: B constrained requests walk bench_masks'
 json_schema turn in step, in the engine's order (engine.py): the step before's tokens accepted
-(deferred where the grammars are remote), begin_masks, a fixed amount of the loop's own
-Python (OUTPUTS_MS alone), (a stand-
-in for turning the step before's tokens into deltas, the work the mask threads' GIL hand-overs
-slow), end_masks; for each number of mask lanes given. The loop runs at the engine process' switch
-interval. Reported: the first step (a new process builds llguidance's tables), the median and p99 ms
-a step of the whole loop and of the stand-in alone, the worst later step and how many took over 20
-ms; the medians of accept, begin_masks and end_masks (in the engine's process their sum with the
-stand-in's slowdown is the loop's grammar cost; for the remote ones end_masks is the wait for the
-child's reply).
+(deferred where the grammars are remote), begin_masks, a fixed amount of the loop's own Python
+(OUTPUTS_MS alone), (a stand-in for turning the step before's tokens into deltas, the work the mask
+threads' GIL hand-overs slow), end_masks; for each number of mask lanes and of grammar processes
+given. The loop runs at the engine process' switch interval. Reported: the first step (a new process
+builds llguidance's tables), the median and p99 ms a step of the whole loop and of the stand-in
+alone, the worst later step and how many took over 20 ms; the medians of accept, begin_masks and
+end_masks (in the engine's process their sum with the stand-in's slowdown is the loop's grammar
+cost; for the remote ones end_masks is the wait for the child's reply).
 
     PYTHONPATH=$PWD python benchmarks/diag/grammar_loop.py [--batch 256] [--steps 512] [--outputs-ms 2] [--lanes 2 4 8]
+        [--shards 1 2 4] [--child-switch 0.005 0.0002]
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import time
@@ -113,6 +114,9 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--lanes", type=int, nargs="+", default=[MASK_THREADS],
                     help="mask lanes (each setting runs in both places)")
+    ap.add_argument("--shards", type=int, nargs="+", default=[1], help="grammar processes to run with")
+    ap.add_argument("--child-switch", type=float, nargs="+", default=[None],
+                    help="the grammar process's GIL switch intervals to run (s; default: its own)")
     args = ap.parse_args()
     sys.setswitchinterval(SWITCH_INTERVAL_S)
     vocab = load_tokenizer().vocab_size
@@ -120,10 +124,15 @@ def main() -> None:
     rows = []
     for _ in range(args.rounds):
         for lanes in args.lanes:
-            for place in ("in process", "own process"):
+            places = [("in process", None, 0)] + [("own process", switch, shards) for switch in args.child_switch
+                                                  for shards in args.shards]
+            for place, switch, shards in places:
+                if switch is not None:  # read by the child at its import
+                    os.environ["OSSERVE_GRAMMAR_SWITCH_INTERVAL_S"] = str(switch)
                 grammars = (Grammars(vocab, lanes=lanes) if place == "in process"
-                            else RemoteGrammars(vocab, args.batch, lanes=lanes))
-                name = f"{place}, {lanes} lanes"
+                            else RemoteGrammars(vocab, args.batch, lanes=lanes, shards=shards))
+                name = f"{place}, {lanes} lanes" + (f", {shards} processes" if shards else "") + (
+                    f", child's switch interval {switch * 1e3:g} ms" if switch else "")
                 rows.append((name, walk(grammars, args.batch, args.steps, outputs)))
             print(name, {k: round(v, 3) for k, v in rows[-1][1].items()}, flush=True)
     keys = list(rows[0][1])

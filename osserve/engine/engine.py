@@ -59,7 +59,7 @@ from osserve.engine.worker.sampler import MaskUpload, RowSettings, Sampler, Samp
 from osserve.errors import InvalidRequestError
 from osserve.speculative.decoder import SpeculativeDecoder
 from osserve.structured.grammar_process import RemoteGrammars, in_own_process
-from osserve.structured.matchers import Grammars
+from osserve.structured.matchers import Grammars, MaskBits
 from osserve.tokenizer import Tokenizer
 
 
@@ -286,7 +286,7 @@ class LLMEngine:
         return speculative_step(self, self.spec)
 
     def _launch_sample(self, rows: list[Request], logits: torch.Tensor, greedy: torch.Tensor | None,
-                       token_masks: tuple[list[int], torch.Tensor] | None = None) -> SamplerOutput | None:
+                       token_masks: tuple[list[int], MaskBits] | None = None) -> SamplerOutput | None:
         if not rows:
             return None
         batch = SamplingBatch.build(

@@ -29,7 +29,7 @@ from osserve.engine.worker.runner import BatchEntry, ModelRunner
 from osserve.engine.worker.sampler import SamplerOutput
 from osserve.speculative.decoder import SpeculativeDecoder
 from osserve.structured.grammar_process import RemoteGrammars
-from osserve.structured.matchers import Grammars
+from osserve.structured.matchers import Grammars, MaskBits
 
 
 class SpeculatingEngine(Protocol):
@@ -48,7 +48,7 @@ class SpeculatingEngine(Protocol):
                ) -> tuple[list[BatchEntry], list[Request], int]: ...
 
     def _launch_sample(self, rows: list[Request], logits: torch.Tensor, greedy: torch.Tensor | None,
-                       token_masks: tuple[list[int], torch.Tensor] | None = None) -> SamplerOutput | None: ...
+                       token_masks: tuple[list[int], MaskBits] | None = None) -> SamplerOutput | None: ...
 
     def _finish(self, step: InFlightStep, result: SamplerOutput | None = None) -> list[CompletionDelta]: ...
 

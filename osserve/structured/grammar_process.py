@@ -1,17 +1,19 @@
-"""The engine's grammars in a process of their own: RemoteGrammars, which the engine holds on a GPU
-in place of matchers.Grammars, runs one in a child process and talks to it over a socket pair.
+"""The engine's grammars in processes of their own: RemoteGrammars, which the engine holds on a GPU
+in place of matchers.Grammars, runs one in each of SHARDS child processes, deals the requests out
+among them in turn, and talks to each over a socket pair.
 
 Why: serving with a JSON schema on every request is bound by the engine's step loop on most hosts.
 On an H100 host (2026-11-27, py-spy of the loop, 256 streams) the loop waited for the GPU 37% of
 the time without schemas and 4% with them; the grammars' own work (feeding 256 matchers their
 tokens, the masks' bookkeeping) took ~21% of it, and the mask threads' GIL hand-overs slowed the
-rest. Here that Python runs beside the loop, under a GIL of its own, and the loop is left a
-message a step and the wait for its reply.
+rest. Here that Python runs beside the loop, under GILs of their own, and the loop is left a
+message a step to each process and the wait for their replies.
 
-What the child does is matchers.Grammars' work, unchanged: the same matchers, lanes and shared
-masks, filled into a buffer in shared memory that the engine uploads from (page-locked for the
-GPU's copy where CUDA is there). Requests go down in order and the child answers only those that
-wait: "start", "drop" and a deferred "accept" do not.
+What a child does is matchers.Grammars' work for its requests, unchanged: the same matchers, lanes
+and shared masks, filled into its region of a buffer in shared memory that the engine uploads from
+(page-locked for the GPU's copy where CUDA is there; the regions are the parts of a MaskBits).
+Requests go down in order and a child answers only those that wait: "start", "drop" and a deferred
+"accept" do not.
 
 One thing moves later. In the step loop the step before's tokens are fed to the matchers right
 before this step's masks are asked for (engine.py); here both go down in one message
@@ -21,9 +23,9 @@ grammar's mask) is then known with the masks, after its delta went out, and its 
 finish reason "grammar" at this step instead of the step before (StepMasks.rejected). A
 speculative step's accept still waits (its drafts can be rejected).
 
-The child is `python -m osserve.structured.grammar_process FD` (subprocess, as the tensor-parallel
+A child is `python -m osserve.structured.grammar_process FD` (subprocess, as the tensor-parallel
 ranks are: the engine may run in a daemonic process, which multiprocessing forbids children). It
-exits with its parent. If it dies, every call raises GrammarProcessError.
+exits with its parent. If one dies, the calls that reach it raise GrammarProcessError.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ import sys
 import threading
 import time
 import traceback
+from dataclasses import dataclass, field
 from multiprocessing import resource_tracker
 from multiprocessing.connection import Connection
 from multiprocessing.shared_memory import SharedMemory
@@ -53,6 +56,17 @@ from osserve.structured.spec import StructuredOutputs
 log = logging.getLogger("osserve")
 
 ENV = "OSSERVE_GRAMMAR_PROCESS"  # "1": in a process of their own, "0": in the engine's (default: on a GPU)
+# The child's GIL switch interval, as the engine process's (process_engine.py): its main thread
+# accepts tokens and copies shared masks in Python while the mask lanes' threads wait to start
+# llguidance's fills; at Python's default 5 ms they waited for the main thread to block.
+# OSSERVE_GRAMMAR_SWITCH_INTERVAL_S overrides it (benchmarks/diag/grammar_loop.py compares).
+SWITCH_INTERVAL_S = float(os.environ.get("OSSERVE_GRAMMAR_SWITCH_INTERVAL_S", 0.0002))
+# Grammar processes, the requests dealt out among them in turn: one process's work a step (feeding
+# the step before's tokens, then the masks, ~3.5 ms at 256 JSON rows on an H100 host, 2026-11-27,
+# benchmarks/diag/grammar_loop.py) is longer than the loop's own work it hides behind (turning the
+# step before's tokens into deltas, ~1.5 ms), and it is mostly Python under one GIL: more lanes did
+# not shorten it, more processes do. A quarter of the cores, at most 4. OSSERVE_GRAMMAR_SHARDS overrides.
+SHARDS = int(os.environ.get("OSSERVE_GRAMMAR_SHARDS", 0)) or max(1, min(4, (os.cpu_count() or 2) // 4))
 
 
 def in_own_process(cuda: bool) -> bool:
@@ -66,31 +80,53 @@ class GrammarProcessError(RuntimeError):
     """The grammars' process died or failed: no constrained request can go on."""
 
 
+@dataclass(eq=False)  # a child is itself alone (hashed by identity)
+class _Child:
+    """One grammar process: its end of the socket pair, and its region of the shared mask buffer."""
+
+    conn: Connection
+    proc: subprocess.Popen[bytes]
+    bits: torch.Tensor  # [max_rows, words]: the rows it fills
+    queued: dict[str, int] = field(default_factory=dict)  # deferred tokens, sent with its next message that waits
+    stepping: bool = False  # asked for a step's masks, not yet received
+
+
 class RemoteGrammars:
     """matchers.Grammars' interface for the engine (engine.py, speculative_step.py, warm_up.py),
-    served by a child process. `states` holds the requests whose grammar is ready, until dropped."""
+    served by `shards` child processes, each with the requests started n-th for n = its index mod
+    shards. `states` holds the requests whose grammar is ready, until dropped."""
 
-    def __init__(self, vocab_size: int, max_rows: int, pin_memory: bool = False, lanes: int = MASK_THREADS) -> None:
+    def __init__(self, vocab_size: int, max_rows: int, pin_memory: bool = False, lanes: int = MASK_THREADS,
+                 shards: int | None = None) -> None:
+        shards = shards or SHARDS
         self.words = (vocab_size + 31) // 32
-        self.compiler = GrammarCompiler(lanes)  # grammar_for's cache and the lane count: it compiles nothing here
-        self._shm = SharedMemory(create=True, size=max_rows * self.words * 4)
-        self.bits = torch.frombuffer(self._shm.buf, dtype=torch.int32).view(max_rows, self.words)
-        locked = pin_memory and _page_lock(self.bits)
-        ours, theirs = socket.socketpair()
+        # grammar_for's cache; num_lanes is what the warm-up compiles: every lane of every shard
+        self.compiler = GrammarCompiler(lanes * shards)
+        self._shm = SharedMemory(create=True, size=shards * max_rows * self.words * 4)
+        buffer = torch.frombuffer(self._shm.buf, dtype=torch.int32).view(shards, max_rows, self.words)
+        locked = pin_memory and _page_lock(buffer)
         env = dict(os.environ)
-        package_root = str(Path(__file__).resolve().parents[2])  # the child imports osserve from here too
+        package_root = str(Path(__file__).resolve().parents[2])  # the children import osserve from here too
         env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH")) if p)
-        self._proc = subprocess.Popen([sys.executable, "-m", "osserve.structured.grammar_process",
-                                       str(theirs.fileno())], pass_fds=(theirs.fileno(),), env=env)
-        theirs.close()
-        self._conn = Connection(ours.detach())
-        self._conn.send((vocab_size, max_rows, lanes, self._shm.name))
+        self._children = [self._spawn(i, env, (vocab_size, max_rows, lanes, self._shm.name, i), buffer[i])
+                          for i in range(shards)]
         self.states: set[str] = set()
+        self._shard: dict[str, _Child] = {}  # a started request's child
+        self._started = 0
         self._pending: set[str] = set()
         self._failures: dict[str, str] = {}
-        self._queued: dict[str, int] = {}  # deferred tokens, sent with the next message that waits
-        self._finalize = Finalize(self, _stop, args=(self._conn, self._proc, self._shm,
-                                                     self.bits.data_ptr() if locked else None), exitpriority=10)
+        self._finalize = Finalize(self, _stop, args=([(c.conn, c.proc) for c in self._children], self._shm,
+                                                     buffer.data_ptr() if locked else None), exitpriority=10)
+
+    @staticmethod
+    def _spawn(index: int, env: dict[str, str], setup: tuple[Any, ...], bits: torch.Tensor) -> _Child:
+        ours, theirs = socket.socketpair()
+        proc = subprocess.Popen([sys.executable, "-m", "osserve.structured.grammar_process", str(theirs.fileno())],
+                                pass_fds=(theirs.fileno(),), env=env)
+        theirs.close()
+        conn = Connection(ours.detach())
+        conn.send(setup)
+        return _Child(conn, proc, bits)
 
     # ------------------------------------------------------------------ compiling
     def grammar_for(self, spec: StructuredOutputs, max_tokens: int | None) -> Prepared | None:
@@ -98,11 +134,17 @@ class RemoteGrammars:
 
     def start(self, request_id: str, grammar: str, free: dict[str, int | None] | None = None,
               bounded: BoundedAnswer | None = None) -> None:
+        child = self._children[self._started % len(self._children)]
+        self._started += 1
+        self._shard[request_id] = child
         self._pending.add(request_id)
-        self._send(("start", request_id, grammar, free, bounded))
+        _send(child, ("start", request_id, grammar, free, bounded))
 
     def ready(self, wait: bool = False) -> list[tuple[str, str | None]]:
-        done: list[tuple[str, str | None]] = self._call(("ready", wait))[1]
+        asked = [c for c in self._children if any(self._shard[rid] is c for rid in self._pending)]
+        for child in asked:
+            _send(child, ("ready", wait))
+        done: list[tuple[str, str | None]] = [d for child in asked for d in _receive(child)[1]]
         for rid, error in done:
             self._pending.discard(rid)
             if error is None:
@@ -110,7 +152,10 @@ class RemoteGrammars:
         return done
 
     def prepare(self) -> None:
-        self._call(("prepare",))
+        for child in self._children:
+            _send(child, ("prepare",))
+        for child in self._children:
+            _receive(child)
 
     @property
     def num_pending(self) -> int:
@@ -120,32 +165,66 @@ class RemoteGrammars:
         self._pending.discard(request_id)
         self.states.discard(request_id)
         self._failures.pop(request_id, None)
-        self._queued.pop(request_id, None)
-        self._send(("drop", request_id))
+        child = self._shard.pop(request_id, None)
+        if child is not None:
+            child.queued.pop(request_id, None)
+            _send(child, ("drop", request_id))
 
     # ------------------------------------------------------------------ stepping
     def accept(self, sampled: dict[str, int], defer: bool = False) -> set[str]:
         """defer: the tokens go down with the next masks (module docstring); their rejections come
         back in that StepMasks. Else fed now (with any deferred before them), rejections returned."""
-        self._queued.update(sampled)
+        for rid, token in sampled.items():
+            child = self._shard.get(rid)
+            if child is not None:
+                child.queued[rid] = token
         if defer:
             return set()
-        _, rejected, failures = self._call(("accept", self._take_queued()))
-        self._failures.update(failures)
-        return set(rejected)
+        asked = [c for c in self._children if c.queued]
+        for child in asked:
+            _send(child, ("accept", _take_queued(child)))
+        rejected: set[str] = set()
+        for child in asked:
+            _, child_rejected, failures = _receive(child)
+            self._failures.update(failures)
+            rejected.update(child_rejected)
+        return rejected
 
     def begin_masks(self, request_ids: list[str]) -> MaskFill | None:
-        if not any(rid in self.states and rid not in self._failures for rid in request_ids):
-            if self._queued:
-                self._send(("feed", self._take_queued()))
+        """Each child with a constrained row in the step fills its masks (and is fed its deferred
+        tokens first); the others are fed theirs."""
+        stepping = {self._shard[rid] for rid in request_ids if rid in self.states and rid not in self._failures}
+        for child in self._children:
+            if child in stepping:
+                child.stepping = True
+                _send(child, ("step", _take_queued(child), request_ids))
+            elif child.queued:
+                _send(child, ("feed", _take_queued(child)))
+        if not stepping:
             return None
-        self._send(("step", self._take_queued(), request_ids))
-        return MaskFill([], self.bits, [], {}, [], elsewhere=True)
+        return MaskFill([], self._children[0].bits, [], {}, [], elsewhere=True)
 
     def end_masks(self, fill: MaskFill) -> StepMasks:
-        _, rejected, failures, rows, dead, waited = self._receive()
-        self._failures.update(failures)
-        return StepMasks(rows, self.bits[:len(rows)], dead, waited, rejected)
+        """The children's rows one after another: their bits are separate regions of the buffer."""
+        rows: list[int] = []
+        parts: list[torch.Tensor] = []
+        dead: list[int] = []
+        rejected: list[str] = []
+        waited = 0.0
+        for child in self._children:
+            if not child.stepping:
+                continue
+            child.stepping = False
+            _, child_rejected, failures, child_rows, child_dead, child_waited = _receive(child)
+            self._failures.update(failures)
+            rejected += child_rejected
+            if child_rows:
+                rows += child_rows
+                parts.append(child.bits[:len(child_rows)])
+            dead += child_dead
+            waited = max(waited, child_waited)
+        bits = parts[0] if len(parts) == 1 else parts
+        return StepMasks(rows, bits, dead, waited, rejected)
 
     def masks(self, request_ids: list[str]) -> StepMasks | None:
         fill = self.begin_masks(request_ids)
@@ -154,34 +233,37 @@ class RemoteGrammars:
     def failure(self, request_id: str) -> str | None:
         return self._failures.get(request_id)
 
-    # ------------------------------------------------------------------ the child
-    def _take_queued(self) -> dict[str, int]:
-        queued, self._queued = self._queued, {}
-        return queued
+    @property
+    def _proc(self) -> subprocess.Popen[bytes]:
+        """The first child's process (tests kill it)."""
+        return self._children[0].proc
 
-    def _send(self, msg: tuple[Any, ...]) -> None:
-        try:
-            self._conn.send(msg)
-        except OSError as e:
-            raise GrammarProcessError(f"the grammars' process is gone ({e})") from e
 
-    def _receive(self) -> tuple[Any, ...]:
-        """The child's next reply, however long it takes (a large grammar compiles for seconds), as
-        long as the child lives."""
-        try:
-            while not self._conn.poll(1.0):
-                if self._proc.poll() is not None:
-                    raise GrammarProcessError(f"the grammars' process exited with code {self._proc.returncode}")
-            reply: tuple[Any, ...] = self._conn.recv()
-        except (EOFError, OSError) as e:
-            raise GrammarProcessError(f"the grammars' process is gone ({e!r})") from e
-        if reply[0] == "error":
-            raise GrammarProcessError(f"the grammars' process failed:\n{reply[1]}")
-        return reply
+def _take_queued(child: _Child) -> dict[str, int]:
+    queued, child.queued = child.queued, {}
+    return queued
 
-    def _call(self, msg: tuple[Any, ...]) -> tuple[Any, ...]:
-        self._send(msg)
-        return self._receive()
+
+def _send(child: _Child, msg: tuple[Any, ...]) -> None:
+    try:
+        child.conn.send(msg)
+    except OSError as e:
+        raise GrammarProcessError(f"the grammars' process is gone ({e})") from e
+
+
+def _receive(child: _Child) -> tuple[Any, ...]:
+    """The child's next reply, however long it takes (a large grammar compiles for seconds), as long
+    as the child lives."""
+    try:
+        while not child.conn.poll(1.0):
+            if child.proc.poll() is not None:
+                raise GrammarProcessError(f"the grammars' process exited with code {child.proc.returncode}")
+        reply: tuple[Any, ...] = child.conn.recv()
+    except (EOFError, OSError) as e:
+        raise GrammarProcessError(f"the grammars' process is gone ({e!r})") from e
+    if reply[0] == "error":
+        raise GrammarProcessError(f"the grammars' process failed:\n{reply[1]}")
+    return reply
 
 
 def _page_lock(bits: torch.Tensor) -> bool:
@@ -194,16 +276,18 @@ def _page_lock(bits: torch.Tensor) -> bool:
     return True
 
 
-def _stop(conn: Connection, proc: subprocess.Popen[bytes], shm: SharedMemory, locked: int | None) -> None:
-    try:
-        conn.send(("stop",))
-    except OSError:
-        pass
-    try:
-        proc.wait(timeout=5)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
+def _stop(children: list[tuple[Connection, subprocess.Popen[bytes]]], shm: SharedMemory, locked: int | None) -> None:
+    for conn, _ in children:
+        try:
+            conn.send(("stop",))
+        except OSError:
+            pass
+    for _, proc in children:
+        try:
+            proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
     if locked is not None:
         torch.cuda.cudart().cudaHostUnregister(locked)
     try:
@@ -259,13 +343,14 @@ def serve(conn: Connection, grammars: Grammars) -> None:
 
 def main(argv: list[str]) -> int:
     conn = Connection(int(argv[0]))
-    vocab_size, max_rows, lanes, shm_name = conn.recv()
+    vocab_size, max_rows, lanes, shm_name, index = conn.recv()
     shm = SharedMemory(name=shm_name)
     # The engine's process made it and unlinks it: this one's tracker must not (Python < 3.13).
     resource_tracker.unregister(shm._name, "shared_memory")  # type: ignore[attr-defined]
     words = (vocab_size + 31) // 32
-    bits = torch.frombuffer(shm.buf, dtype=torch.int32).view(max_rows, words)
+    bits = torch.frombuffer(shm.buf, dtype=torch.int32).view(-1, max_rows, words)[index]
     _exit_with_parent()
+    sys.setswitchinterval(SWITCH_INTERVAL_S)
     try:
         serve(conn, Grammars(vocab_size, lanes=lanes, buffer=bits))
     except Exception:  # noqa: BLE001 - said to the engine, whatever it is

@@ -61,6 +61,10 @@ if TYPE_CHECKING:
 MASK_THREADS = int(os.environ.get("OSSERVE_MASK_THREADS", 0)) or max(1, min(2, (os.cpu_count() or 2) // 2))
 
 
+# A step's masks on the host: one [rows, words] tensor, or consecutive parts of the rows in separate
+# tensors (grammar_process.py: each process fills its own region of the shared buffer).
+MaskBits = torch.Tensor | list[torch.Tensor]
+
 STOPPED = b""  # the key of a finished grammar's mask (a free channel's key is its name, never empty)
 
 
@@ -98,11 +102,11 @@ class MaskFill:
 @dataclass
 class StepMasks:
     """One step's masks: `rows` (indices into the step's sampled rows, in no particular order) and
-    their bits, [len(rows), W] int32 on the host. `dead` holds the rows whose grammar allows no token
-    at all."""
+    their bits, [len(rows), W] int32 on the host (Grammars': one tensor; MaskBits). `dead` holds the
+    rows whose grammar allows no token at all."""
 
     rows: list[int]
-    bits: torch.Tensor
+    bits: MaskBits
     dead: list[int]
     waited: float = 0.0  # seconds end_masks waited for llguidance's threads
     # Requests whose grammar rejected a token fed with `accept(..., defer=True)` (grammar_process.py
@@ -318,14 +322,16 @@ class Grammars:
         yet to see (one call for the lane's single tokens, which drops the GIL; a whole turn so far,
         once a request, where its answer starts), then the masks (llguidance drops the GIL). Returns
         the slots whose fast matcher rejected a token (end_masks fills them again)."""
-        from llguidance.torch import fill_next_token_bitmask_par
-
         executor = self._executors[lane]
         single = [(matcher, tokens[0]) for matcher, tokens, _ in feeds if len(tokens) == 1]
         accepted = iter(executor.consume_token_par(single) if single else [])
         rejected = [slot for matcher, tokens, slot in feeds
                     if not (next(accepted) if len(tokens) == 1 else matcher.consume_tokens(tokens))]
-        fill_next_token_bitmask_par(executor, matchers, bits)
+        # llguidance.torch's fill_next_token_bitmask_par, called as it calls it: importing that
+        # module imports torch.compile's machinery (for a function not used here), seconds at the
+        # first mask of each process.
+        assert bits.dtype == torch.int32 and bits.is_contiguous()
+        executor.unsafe_compute_mask_ptr(matchers, bits.data_ptr(), bits.shape[1] * 4, bits.shape[0])
         return rejected
 
     def end_masks(self, fill: MaskFill) -> StepMasks:
@@ -363,13 +369,12 @@ class Grammars:
         """A row whose fast matcher rejected a token (its grammar, without the string bounds, takes
         more than the bounded one, so it should not): the request goes on with the bounded grammar
         alone, which is fed what it has yet to see and fills the row (an error there ends it)."""
-        from llguidance.torch import fill_next_token_bitmask
-
         state.bounded = None
         fill.fast.pop(slot)
         behind, state.behind = state.behind, []
         if not behind or state.matcher.consume_tokens(behind):
-            fill_next_token_bitmask(state.matcher, fill.bits, slot)
+            row = fill.bits[slot]  # as llguidance.torch's fill_next_token_bitmask (_fill says why not it)
+            state.matcher.unsafe_compute_mask_ptr(row.data_ptr(), row.numel() * row.element_size())
 
     def failure(self, request_id: str) -> str | None:
         state = self.states.get(request_id)

@@ -24,3 +24,10 @@ def test_uploaded_masks_constrain_the_sampled_rows() -> None:
         ids = Sampler().sample(torch.randn(3, vocab), batch).token_ids.tolist()
         assert ids[2] == 35 and ids[0] == 64
     upload.sampled()  # nothing to record on the CPU
+
+
+def test_masks_in_parts_arrive_as_one_block() -> None:
+    upload = MaskUpload(torch.device("cpu"))
+    first, second = torch.arange(8, dtype=torch.int32).view(2, 4), torch.arange(8, 12, dtype=torch.int32).view(1, 4)
+    rows, device_bits = upload.upload([1, 2, 0], [first, second])
+    assert rows.tolist() == [1, 2, 0] and torch.equal(device_bits, torch.arange(12, dtype=torch.int32).view(3, 4))

@@ -1,5 +1,6 @@
-"""The grammars in a process of their own (structured/grammar_process.py): the same outputs as in
-the engine's process, rejections reported with the next masks, a dead child a clear error."""
+"""The grammars in processes of their own (structured/grammar_process.py): the same outputs as in
+the engine's process, with one process or two, rejections reported with the next masks, a dead
+child a clear error."""
 
 from __future__ import annotations
 
@@ -8,10 +9,12 @@ from pathlib import Path
 
 import jsonschema
 import pytest
+import torch
 
 from osserve.engine.core.sampling_params import RETURN_TOKEN
 from osserve.engine.load import EngineArgs, build_engine
 from osserve.harmony.stream import parse_completion
+from osserve.structured import grammar_process
 from osserve.structured.grammar import grammar_text
 from osserve.structured.grammar_process import ENV, GrammarProcessError, RemoteGrammars
 from osserve.structured.matchers import Grammars
@@ -35,23 +38,28 @@ def requests() -> dict:  # type: ignore[type-arg]
 def test_outputs_equal_those_of_the_engines_own_process(tiny_checkpoint: Path, monkeypatch: pytest.MonkeyPatch,
                                                         ) -> None:
     outs = {}
-    for setting in ("0", "1"):
+    for setting, shards in (("0", 1), ("1", 1), ("1", 2)):
         monkeypatch.setenv(ENV, setting)
+        monkeypatch.setattr(grammar_process, "SHARDS", shards)
         engine = build_engine(EngineArgs(model=str(tiny_checkpoint), device="cpu", max_model_len=1024))
-        assert isinstance(engine.grammars, RemoteGrammars if setting == "1" else Grammars)
-        outs[setting] = run(engine, requests())
+        if setting == "1":
+            assert isinstance(engine.grammars, RemoteGrammars) and len(engine.grammars._children) == shards
+        else:
+            assert isinstance(engine.grammars, Grammars)
+        outs[setting, shards] = run(engine, requests())
         assert not engine.grammars.states and not engine.requests
         del engine
-    assert outs["1"] == outs["0"]
+    assert outs["1", 1] == outs["0", 1]
+    assert outs["1", 2] == outs["0", 1]
     for s in range(4):  # and they are what they should be
-        ids = outs["1"][f"json{s}"]
+        ids = outs["1", 2][f"json{s}"]
         assert ids[-2] == RETURN_TOKEN
         jsonschema.validate(json.loads(parse_completion(ids[:-1]).content), SCHEMA)
 
 
 @pytest.fixture(scope="module")
 def remote() -> RemoteGrammars:
-    return RemoteGrammars(VOCAB, max_rows=4, lanes=1)
+    return RemoteGrammars(VOCAB, max_rows=4, lanes=1, shards=2)  # x and y below go to one each
 
 
 def start_digits(grammars: RemoteGrammars, rid: str) -> None:
@@ -73,6 +81,7 @@ def test_a_deferred_rejection_comes_back_with_the_next_masks(remote: RemoteGramm
     masks = remote.end_masks(fill)
     assert masks.rejected == ["x"] and "rejected" in (remote.failure("x") or "")
     assert masks.rows == [1]  # only y's row is filled: x's grammar failed
+    assert isinstance(masks.bits, torch.Tensor)  # the second process's part alone
     allowed = masks.bits[0]
     assert allowed[digit // 32] >> (digit % 32) & 1 and not allowed[letter // 32] >> (letter % 32) & 1
     assert remote.accept({"y": letter}) == {"y"}  # fed at once: known at once
@@ -81,9 +90,30 @@ def test_a_deferred_rejection_comes_back_with_the_next_masks(remote: RemoteGramm
     assert not remote.states and remote.failure("x") is None
 
 
+def test_two_processes_rows_come_as_two_parts(remote: RemoteGrammars) -> None:
+    tokenizer = load_tokenizer()
+    start_digits(remote, "a")
+    start_digits(remote, "b")
+    start_digits(remote, "c")
+    assert {remote._shard[rid] is remote._children[0] for rid in "abc"} == {True, False}  # both get some
+    remote.accept({"a": tokenizer.encode("1")[0], "b": tokenizer.encode("2")[0], "c": tokenizer.encode("3")[0]},
+                  defer=True)
+    masks = remote.masks(["c", "b", "a"])
+    assert masks is not None and sorted(masks.rows) == [0, 1, 2] and isinstance(masks.bits, list)
+    assert [len(part) for part in masks.bits] in ([2, 1], [1, 2])
+    stacked = torch.cat(masks.bits)
+    digit, letter = tokenizer.encode("7")[0], tokenizer.encode("a")[0]
+    for slot in range(3):  # each row: a digit may follow, a letter may not
+        assert stacked[slot, digit // 32] >> (digit % 32) & 1
+        assert not stacked[slot, letter // 32] >> (letter % 32) & 1
+    for rid in "abc":
+        remote.drop(rid)
+    assert not remote.states
+
+
 def test_a_dead_child_is_a_clear_error() -> None:
-    grammars = RemoteGrammars(VOCAB, max_rows=2, lanes=1)
+    grammars = RemoteGrammars(VOCAB, max_rows=2, lanes=1, shards=1)
     grammars._proc.kill()
     grammars._proc.wait()
     with pytest.raises(GrammarProcessError, match="grammars' process"):
-        grammars.ready()
+        start_digits(grammars, "x")  # the start's message or the wait for it says so

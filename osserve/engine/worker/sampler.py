@@ -159,12 +159,15 @@ class MaskUpload:
         self.bits = torch.empty(0, 0, dtype=torch.int32, device=device)
         self.read: torch.cuda.Event | None = None  # recorded after the last sampling that read `bits`
 
-    def upload(self, rows: list[int], bits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def upload(self, rows: list[int], bits: torch.Tensor | list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
         """(rows int64, bits [R, W] int32) on the device, for SamplingBatch.build's token_masks.
-        bits: host memory (pinned on a GPU) that stays untouched until the step's tokens are read."""
+        bits: host memory (pinned on a GPU) that stays untouched until the step's tokens are read;
+        one tensor, or consecutive parts of the rows (structured.matchers.MaskBits), copied one
+        after another into the device's rows."""
+        parts = bits if isinstance(bits, list) else [bits]
         if self.stream is None:
-            return _to_device(rows, torch.int64, self.device), bits.to(self.device)
-        n, words = bits.shape
+            return _to_device(rows, torch.int64, self.device), torch.cat(parts).to(self.device)
+        n, words = sum(p.shape[0] for p in parts), parts[0].shape[1]
         compute = torch.cuda.current_stream(self.device)
         fresh = self.bits.shape[0] < n or self.bits.shape[1] != words
         if fresh:  # allocated on the compute stream: its memory may still be in use by work queued there
@@ -175,7 +178,10 @@ class MaskUpload:
             elif self.read is not None:
                 self.stream.wait_event(self.read)
             device_bits = self.bits[:n]
-            device_bits.copy_(bits, non_blocking=True)
+            start = 0
+            for part in parts:
+                device_bits[start:start + part.shape[0]].copy_(part, non_blocking=True)
+                start += part.shape[0]
             device_rows = _to_device(rows, torch.int64, self.device)
         compute.wait_stream(self.stream)
         device_rows.record_stream(compute)  # allocated on the copy stream, read on the compute one
