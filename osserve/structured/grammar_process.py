@@ -61,12 +61,15 @@ ENV = "OSSERVE_GRAMMAR_PROCESS"  # "1": in a process of their own, "0": in the e
 # llguidance's fills; at Python's default 5 ms they waited for the main thread to block.
 # OSSERVE_GRAMMAR_SWITCH_INTERVAL_S overrides it (benchmarks/diag/grammar_loop.py compares).
 SWITCH_INTERVAL_S = float(os.environ.get("OSSERVE_GRAMMAR_SWITCH_INTERVAL_S", 0.0002))
-# Grammar processes, the requests dealt out among them in turn: one process's work a step (feeding
-# the step before's tokens, then the masks, ~3.5 ms at 256 JSON rows on an H100 host, 2026-11-27,
-# benchmarks/diag/grammar_loop.py) is longer than the loop's own work it hides behind (turning the
-# step before's tokens into deltas, ~1.5 ms), and it is mostly Python under one GIL: more lanes did
-# not shorten it, more processes do. A quarter of the cores, at most 4. OSSERVE_GRAMMAR_SHARDS overrides.
-SHARDS = int(os.environ.get("OSSERVE_GRAMMAR_SHARDS", 0)) or max(1, min(4, (os.cpu_count() or 2) // 4))
+# Grammar processes, the requests dealt out among them in turn. One process's work a step (feeding
+# the step before's tokens, then the masks) took ~3.5 ms at 256 JSON rows on an H100 host
+# (2026-11-27, benchmarks/diag/grammar_loop.py), longer than the loop's own work it hides behind
+# (turning the step before's tokens into deltas, ~1.5 ms), and it is mostly Python under one GIL:
+# more lanes did not shorten it (8 lanes: longer), more processes do. With 2 the loop waited
+# 0.13 ms for them, with 4 0.15; serving with a schema on every request (c=256) lost 21.2% of its
+# output with the grammars in the engine's process, 9.2% with 4 processes and 7.4% with 2, in one
+# call (BENCHMARKS.md). So 2 (1 on a host of under 8 cores). OSSERVE_GRAMMAR_SHARDS overrides.
+SHARDS = int(os.environ.get("OSSERVE_GRAMMAR_SHARDS", 0)) or max(1, min(2, (os.cpu_count() or 2) // 4))
 
 
 def in_own_process(cuda: bool) -> bool:
@@ -141,6 +144,8 @@ class RemoteGrammars:
         _send(child, ("start", request_id, grammar, free, bounded))
 
     def ready(self, wait: bool = False) -> list[tuple[str, str | None]]:
+        """Asks each child with pending grammars (a round trip: after the starts sent before it, so
+        that a grammar copied at once in its process is ready at once, as in Grammars)."""
         asked = [c for c in self._children if any(self._shard[rid] is c for rid in self._pending)]
         for child in asked:
             _send(child, ("ready", wait))

@@ -15,6 +15,7 @@ from osserve.engine.load import EngineArgs, build_engine
 from osserve.harmony.render import ChatMessage, render_chat
 from osserve.harmony.stream import parse_completion
 from osserve.structured.grammar import check
+from osserve.structured.matchers import Grammars
 from osserve.structured.spec import StructuredOutputs, ToolSpec
 
 SCHEMA = {"type": "object", "additionalProperties": False, "required": ["answer", "ok", "unit"],
@@ -157,18 +158,17 @@ def test_preemption_chunked_prefill_and_prefix_cache_keep_greedy_outputs(tiny_ch
 
 
 def test_a_dead_end_ends_that_request_alone(engine: LLMEngine, monkeypatch: pytest.MonkeyPatch) -> None:
-    import llguidance.torch as lt
-
-    fill = lt.fill_next_token_bitmask_par
+    fill = Grammars._fill
     calls = {"n": 0}
 
-    def starve_first_row_later(executor, matchers, bits):  # type: ignore[no-untyped-def]
-        fill(executor, matchers, bits)
+    def starve_first_row_later(self, lane, matchers, bits, feeds):  # type: ignore[no-untyped-def]
+        rejected = fill(self, lane, matchers, bits, feeds)
         calls["n"] += 1
         if calls["n"] == 5:
             bits[0] = 0  # the first constrained row of this step allows nothing
+        return rejected
 
-    monkeypatch.setattr(lt, "fill_next_token_bitmask_par", starve_first_row_later)
+    monkeypatch.setattr(Grammars, "_fill", starve_first_row_later)
     spec = StructuredOutputs(json_schema=SCHEMA, harmony=True)
     outs = run(engine, {"dead": (prompt(), sampled(spec, 1)), "fine": (prompt(), sampled(spec, 2))})
     assert outs["dead"][-1] == -1 and len(outs["dead"]) < 10
