@@ -12,8 +12,8 @@ class StepProfile:
     queueing the forward and the sampler; `gpu_wait` is waiting for a step's sampled ids, wherever
     the loop waits for them; `grammar` is feeding the structured-output matchers and filling their
     masks (of it, `grammar_accept` feeding them and `mask_wait` waiting for llguidance's mask
-    threads after the step before's outputs); `post` is stop checks, detokenisation and deltas.
-    Logged by the server every `every` steps."""
+    threads, or the grammar processes, after the step before's outputs); `post` is stop checks,
+    detokenisation and deltas. Logged by the server every `every` steps."""
 
     steps: int = 0
     requests: int = 0
@@ -55,4 +55,4 @@ class StepProfile:
         if not self.grammar:
             return ""
         return (f" (accept {1000 * self.grammar_accept / n:.2f}, "
-                f"waiting for mask threads {1000 * self.mask_wait / n:.2f})")
+                f"waiting for the masks {1000 * self.mask_wait / n:.2f})")

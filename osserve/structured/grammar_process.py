@@ -210,26 +210,26 @@ class RemoteGrammars:
         return MaskFill([], self._children[0].bits, [], {}, [], elsewhere=True)
 
     def end_masks(self, fill: MaskFill) -> StepMasks:
-        """The children's rows one after another: their bits are separate regions of the buffer."""
+        """The children's rows one after another: their bits are separate regions of the buffer.
+        `waited` is the time spent here, waiting for the children's replies."""
+        start = time.perf_counter()
         rows: list[int] = []
         parts: list[torch.Tensor] = []
         dead: list[int] = []
         rejected: list[str] = []
-        waited = 0.0
         for child in self._children:
             if not child.stepping:
                 continue
             child.stepping = False
-            _, child_rejected, failures, child_rows, child_dead, child_waited = _receive(child)
+            _, child_rejected, failures, child_rows, child_dead = _receive(child)
             self._failures.update(failures)
             rejected += child_rejected
             if child_rows:
                 rows += child_rows
                 parts.append(child.bits[:len(child_rows)])
             dead += child_dead
-            waited = max(waited, child_waited)
         bits = parts[0] if len(parts) == 1 else parts
-        return StepMasks(rows, bits, dead, waited, rejected)
+        return StepMasks(rows, bits, dead, time.perf_counter() - start, rejected)
 
     def masks(self, request_ids: list[str]) -> StepMasks | None:
         fill = self.begin_masks(request_ids)
@@ -237,11 +237,6 @@ class RemoteGrammars:
 
     def failure(self, request_id: str) -> str | None:
         return self._failures.get(request_id)
-
-    @property
-    def _proc(self) -> subprocess.Popen[bytes]:
-        """The first child's process (tests kill it)."""
-        return self._children[0].proc
 
 
 def _take_queued(child: _Child) -> dict[str, int]:
@@ -333,9 +328,9 @@ def serve(conn: Connection, grammars: Grammars) -> None:
             rejected |= grammars.accept(tokens)
             fill = grammars.begin_masks(request_ids)
             masks = grammars.end_masks(fill) if fill is not None else None
-            rows, dead, waited = (masks.rows, masks.dead, masks.waited) if masks is not None else ([], [], 0.0)
+            rows, dead = (masks.rows, masks.dead) if masks is not None else ([], [])
             failed = rejected | {request_ids[i] for i in dead}
-            conn.send(("masks", sorted(rejected), failures(failed), rows, dead, waited))
+            conn.send(("masks", sorted(rejected), failures(failed), rows, dead))
             rejected = set()
         elif kind == "ready":
             conn.send(("ready", grammars.ready(wait=msg[1])))

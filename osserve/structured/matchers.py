@@ -108,7 +108,7 @@ class StepMasks:
     rows: list[int]
     bits: MaskBits
     dead: list[int]
-    waited: float = 0.0  # seconds end_masks waited for llguidance's threads
+    waited: float = 0.0  # seconds end_masks waited for llguidance's threads (RemoteGrammars: for its processes)
     # Requests whose grammar rejected a token fed with `accept(..., defer=True)` (grammar_process.py
     # reports them here; Grammars itself reports every rejection from accept).
     rejected: list[str] = field(default_factory=list)

@@ -113,7 +113,7 @@ def test_two_processes_rows_come_as_two_parts(remote: RemoteGrammars) -> None:
 
 def test_a_dead_child_is_a_clear_error() -> None:
     grammars = RemoteGrammars(VOCAB, max_rows=2, lanes=1, shards=1)
-    grammars._proc.kill()
-    grammars._proc.wait()
+    grammars._children[0].proc.kill()
+    grammars._children[0].proc.wait()
     with pytest.raises(GrammarProcessError, match="grammars' process"):
         start_digits(grammars, "x")  # the start's message or the wait for it says so
