@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -344,12 +345,16 @@ def serve(conn: Connection, grammars: Grammars) -> None:
 def main(argv: list[str]) -> int:
     conn = Connection(int(argv[0]))
     vocab_size, max_rows, lanes, shm_name, index = conn.recv()
-    shm = SharedMemory(name=shm_name)
+    try:
+        shm = SharedMemory(name=shm_name)
+    except FileNotFoundError:  # the engine stopped while this process was starting: nothing to serve
+        return 0
     # The engine's process made it and unlinks it: this one's tracker must not (Python < 3.13).
     resource_tracker.unregister(shm._name, "shared_memory")  # type: ignore[attr-defined]
     words = (vocab_size + 31) // 32
     bits = torch.frombuffer(shm.buf, dtype=torch.int32).view(-1, max_rows, words)[index]
     _exit_with_parent()
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group: the engine stops us
     sys.setswitchinterval(SWITCH_INTERVAL_S)
     try:
         serve(conn, Grammars(vocab_size, lanes=lanes, buffer=bits))

@@ -5,8 +5,14 @@ child a clear error."""
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
+import httpx
 import jsonschema
 import pytest
 import torch
@@ -20,6 +26,7 @@ from osserve.structured.grammar_process import ENV, GrammarProcessError, RemoteG
 from osserve.structured.matchers import Grammars
 from osserve.structured.spec import StructuredOutputs
 from osserve.tokenizer import load_tokenizer
+from tests.server.serving import free_port
 from tests.structured.test_engine_structured import SCHEMA, TIME, WEATHER, prompt, run, sampled
 
 VOCAB = 201088
@@ -117,3 +124,43 @@ def test_a_dead_child_is_a_clear_error() -> None:
     grammars._children[0].proc.wait()
     with pytest.raises(GrammarProcessError, match="grammars' process"):
         start_digits(grammars, "x")  # the start's message or the wait for it says so
+
+
+def test_a_server_stopped_by_sigterm_to_its_group_leaves_nothing(tiny_checkpoint: Path) -> None:
+    """systemd stops a unit by SIGTERM to each of its processes: the engine's process still runs
+    its finalizers (the grammar processes stopped, their shared memory unlinked: Python's resource
+    tracker warns of a leak otherwise), and no process of the group is left."""
+    port = free_port()
+    cmd = [sys.executable, "-m", "osserve.cli", "serve", "--model", str(tiny_checkpoint), "--port", str(port),
+           "--engine-process", "--max-model-len", "1024"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True, env={**os.environ, ENV: "1"})
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and proc.poll() is None:
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                time.sleep(0.2)
+        body = {"model": tiny_checkpoint.name, "prompt": "Say it", "max_tokens": 8,
+                "response_format": {"type": "json_object"}}
+        assert httpx.post(f"http://127.0.0.1:{port}/v1/completions", json=body, timeout=60).status_code == 200
+        os.killpg(proc.pid, signal.SIGTERM)
+        out, _ = proc.communicate(timeout=60)
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and _group_alive(proc.pid):
+            time.sleep(0.2)
+        assert not _group_alive(proc.pid), out
+    finally:
+        if _group_alive(proc.pid):
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert "leaked shared_memory" not in out and "Traceback" not in out, out
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    return True
