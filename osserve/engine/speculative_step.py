@@ -106,6 +106,7 @@ def speculative_step(engine: SpeculatingEngine, spec: SpeculativeDecoder) -> lis
     flight.sampled = sampled
     if engine.grammars.states:
         flight.grammar_dead = {plain_rows[i].request_id for i in masks.dead} if masks is not None else set()
+        flight.grammar_dead |= set(masks.rejected) if masks is not None else set()  # e.g. a grammar process died
         flight.grammar_dead |= engine.grammars.accept({r.request_id: t for r, t in zip(plain_rows, plain_ids,
                                                                                        strict=True)})
     deltas = engine._finish(flight, result)

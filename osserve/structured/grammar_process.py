@@ -25,7 +25,7 @@ speculative step's accept still waits (its drafts can be rejected).
 
 A child is `python -m osserve.structured.grammar_process FD` (subprocess, as the tensor-parallel
 ranks are: the engine may run in a daemonic process, which multiprocessing forbids children). It
-exits with its parent. If one dies, the calls that reach it raise GrammarProcessError.
+exits with its parent. One that dies is replaced, and only its requests end (RemoteGrammars).
 """
 
 from __future__ import annotations
@@ -81,13 +81,14 @@ def in_own_process(cuda: bool) -> bool:
 
 
 class GrammarProcessError(RuntimeError):
-    """The grammars' process died or failed: no constrained request can go on."""
+    """The grammars' processes kept dying (RemoteGrammars.MAX_DEATHS): no constrained request can go on."""
 
 
 @dataclass(eq=False)  # a child is itself alone (hashed by identity)
 class _Child:
     """One grammar process: its end of the socket pair, and its region of the shared mask buffer."""
 
+    index: int
     conn: Connection
     proc: subprocess.Popen[bytes]
     bits: torch.Tensor  # [max_rows, words]: the rows it fills
@@ -95,10 +96,22 @@ class _Child:
     stepping: bool = False  # asked for a step's masks, not yet received
 
 
+class _Lost(Exception):
+    """A child died (RemoteGrammars._lose has replaced it)."""
+
+
 class RemoteGrammars:
     """matchers.Grammars' interface for the engine (engine.py, speculative_step.py, warm_up.py),
     served by `shards` child processes, each with the requests started n-th for n = its index mod
-    shards. `states` holds the requests whose grammar is ready, until dropped."""
+    shards. `states` holds the requests whose grammar is ready, until dropped.
+
+    A child that dies is replaced by a new process; its requests end with finish reason "grammar"
+    (reported as rejected by the next masks or accept, or as failed by ready), the others go on.
+    More than MAX_DEATHS deaths within DEATHS_WINDOW_S raise GrammarProcessError (something kills
+    them all: the engine stops with that error rather than spawn processes forever)."""
+
+    MAX_DEATHS = 3
+    DEATHS_WINDOW_S = 60.0
 
     def __init__(self, vocab_size: int, max_rows: int, pin_memory: bool = False, lanes: int = MASK_THREADS,
                  shards: int | None = None) -> None:
@@ -107,30 +120,54 @@ class RemoteGrammars:
         # grammar_for's cache; num_lanes is what the warm-up compiles: every lane of every shard
         self.compiler = GrammarCompiler(lanes * shards)
         self._shm = SharedMemory(create=True, size=shards * max_rows * self.words * 4)
-        buffer = torch.frombuffer(self._shm.buf, dtype=torch.int32).view(shards, max_rows, self.words)
-        locked = pin_memory and _page_lock(buffer)
-        env = dict(os.environ)
+        self._buffer = torch.frombuffer(self._shm.buf, dtype=torch.int32).view(shards, max_rows, self.words)
+        locked = pin_memory and _page_lock(self._buffer)
+        self._env = dict(os.environ)
         package_root = str(Path(__file__).resolve().parents[2])  # the children import osserve from here too
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH")) if p)
-        self._children = [self._spawn(i, env, (vocab_size, max_rows, lanes, self._shm.name, i), buffer[i])
-                          for i in range(shards)]
+        self._env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, self._env.get("PYTHONPATH")) if p)
+        self._setup = (vocab_size, max_rows, lanes, self._shm.name)
+        self._children = [self._spawn(i) for i in range(shards)]
         self.states: set[str] = set()
         self._shard: dict[str, _Child] = {}  # a started request's child
         self._started = 0
         self._pending: set[str] = set()
         self._failures: dict[str, str] = {}
-        self._finalize = Finalize(self, _stop, args=([(c.conn, c.proc) for c in self._children], self._shm,
-                                                     buffer.data_ptr() if locked else None), exitpriority=10)
+        self._lost: set[str] = set()  # ready requests of a dead child, not yet reported as rejected
+        self._lost_pending: list[tuple[str, str]] = []  # pending ones, not yet reported by ready
+        self._deaths: list[float] = []  # when children died (monotonic), within DEATHS_WINDOW_S
+        self._finalize = Finalize(self, _stop, args=(self._children, self._shm,
+                                                     self._buffer.data_ptr() if locked else None), exitpriority=10)
 
-    @staticmethod
-    def _spawn(index: int, env: dict[str, str], setup: tuple[Any, ...], bits: torch.Tensor) -> _Child:
+    def _spawn(self, index: int) -> _Child:
         ours, theirs = socket.socketpair()
         proc = subprocess.Popen([sys.executable, "-m", "osserve.structured.grammar_process", str(theirs.fileno())],
-                                pass_fds=(theirs.fileno(),), env=env)
+                                pass_fds=(theirs.fileno(),), env=self._env)
         theirs.close()
         conn = Connection(ours.detach())
-        conn.send(setup)
-        return _Child(conn, proc, bits)
+        conn.send((*self._setup, index))
+        return _Child(index, conn, proc, self._buffer[index])
+
+    def _lose(self, child: _Child, why: str) -> None:
+        """Replace a dead child by a new process; its requests end (module docstring)."""
+        now = time.monotonic()
+        self._deaths = [t for t in self._deaths if now - t < self.DEATHS_WINDOW_S] + [now]
+        log.error("grammars: process %d died (%s); its requests end with finish reason \"grammar\"", child.index, why)
+        if len(self._deaths) > self.MAX_DEATHS:
+            raise GrammarProcessError(f"the grammars' processes died {len(self._deaths)} times in "
+                                      f"{self.DEATHS_WINDOW_S:g} s, the last: {why}")
+        reason = f"the grammar process serving it died ({why})"
+        for rid in [rid for rid, c in self._shard.items() if c is child]:
+            del self._shard[rid]
+            if rid in self._pending:
+                self._pending.discard(rid)
+                self._lost_pending.append((rid, reason))
+            elif rid in self.states and rid not in self._failures:
+                self._failures[rid] = reason
+                self._lost.add(rid)
+        child.proc.kill()
+        child.proc.wait()
+        child.conn.close()
+        self._children[child.index] = self._spawn(child.index)
 
     # ------------------------------------------------------------------ compiling
     def grammar_for(self, spec: StructuredOutputs, max_tokens: int | None) -> Prepared | None:
@@ -138,30 +175,49 @@ class RemoteGrammars:
 
     def start(self, request_id: str, grammar: str, free: dict[str, int | None] | None = None,
               bounded: BoundedAnswer | None = None) -> None:
-        child = self._children[self._started % len(self._children)]
+        index = self._started % len(self._children)
         self._started += 1
-        self._shard[request_id] = child
         self._pending.add(request_id)
-        _send(child, ("start", request_id, grammar, free, bounded))
+        for _ in range(2):  # a child found dead here is replaced: the new one takes it
+            child = self._children[index]
+            self._shard[request_id] = child
+            try:
+                return self._send(child, ("start", request_id, grammar, free, bounded))
+            except _Lost:
+                self._pending.add(request_id)
+                self._lost_pending = [(rid, why) for rid, why in self._lost_pending if rid != request_id]
 
     def ready(self, wait: bool = False) -> list[tuple[str, str | None]]:
         """Asks each child with pending grammars (a round trip: after the starts sent before it, so
-        that a grammar copied at once in its process is ready at once, as in Grammars)."""
-        asked = [c for c in self._children if any(self._shard[rid] is c for rid in self._pending)]
+        that a grammar copied at once in its process is ready at once, as in Grammars); with the
+        pending requests of children that died, failed."""
+        asked = [c for c in self._children if any(self._shard.get(rid) is c for rid in self._pending)]
+        for child in list(asked):
+            try:
+                self._send(child, ("ready", wait))
+            except _Lost:
+                asked.remove(child)
+        done: list[tuple[str, str | None]] = []
         for child in asked:
-            _send(child, ("ready", wait))
-        done: list[tuple[str, str | None]] = [d for child in asked for d in _receive(child)[1]]
+            try:
+                done += self._receive(child)[1]
+            except _Lost:
+                pass
         for rid, error in done:
             self._pending.discard(rid)
             if error is None:
                 self.states.add(rid)
+        done += self._lost_pending
+        self._lost_pending = []
         return done
 
     def prepare(self) -> None:
-        for child in self._children:
-            _send(child, ("prepare",))
-        for child in self._children:
-            _receive(child)
+        for child in list(self._children):
+            try:
+                self._send(child, ("prepare",))
+                self._receive(child)
+            except _Lost:
+                pass
 
     @property
     def num_pending(self) -> int:
@@ -171,10 +227,14 @@ class RemoteGrammars:
         self._pending.discard(request_id)
         self.states.discard(request_id)
         self._failures.pop(request_id, None)
+        self._lost.discard(request_id)
         child = self._shard.pop(request_id, None)
         if child is not None:
             child.queued.pop(request_id, None)
-            _send(child, ("drop", request_id))
+            try:
+                self._send(child, ("drop", request_id))
+            except _Lost:
+                pass
 
     # ------------------------------------------------------------------ stepping
     def accept(self, sampled: dict[str, int], defer: bool = False) -> set[str]:
@@ -187,48 +247,65 @@ class RemoteGrammars:
         if defer:
             return set()
         asked = [c for c in self._children if c.queued]
-        for child in asked:
-            _send(child, ("accept", _take_queued(child)))
+        for child in list(asked):
+            try:
+                self._send(child, ("accept", _take_queued(child)))
+            except _Lost:
+                asked.remove(child)
         rejected: set[str] = set()
         for child in asked:
-            _, child_rejected, failures = _receive(child)
+            try:
+                _, child_rejected, failures = self._receive(child)
+            except _Lost:
+                continue
             self._failures.update(failures)
             rejected.update(child_rejected)
+        rejected |= self._lost
+        self._lost = set()
         return rejected
 
     def begin_masks(self, request_ids: list[str]) -> MaskFill | None:
         """Each child with a constrained row in the step fills its masks (and is fed its deferred
         tokens first); the others are fed theirs."""
         stepping = {self._shard[rid] for rid in request_ids if rid in self.states and rid not in self._failures}
-        for child in self._children:
-            if child in stepping:
-                child.stepping = True
-                _send(child, ("step", _take_queued(child), request_ids))
-            elif child.queued:
-                _send(child, ("feed", _take_queued(child)))
-        if not stepping:
+        for child in list(self._children):
+            try:
+                if child in stepping:
+                    child.stepping = True
+                    self._send(child, ("step", _take_queued(child), request_ids))
+                elif child.queued:
+                    self._send(child, ("feed", _take_queued(child)))
+            except _Lost:
+                pass
+        if not stepping and not self._lost:
             return None
         return MaskFill([], self._children[0].bits, [], {}, [], elsewhere=True)
 
     def end_masks(self, fill: MaskFill) -> StepMasks:
         """The children's rows one after another: their bits are separate regions of the buffer.
-        `waited` is the time spent here, waiting for the children's replies."""
+        `waited` is the time spent here, waiting for the children's replies. Requests of a child
+        that died come back rejected."""
         start = time.perf_counter()
         rows: list[int] = []
         parts: list[torch.Tensor] = []
         dead: list[int] = []
         rejected: list[str] = []
-        for child in self._children:
+        for child in list(self._children):
             if not child.stepping:
                 continue
             child.stepping = False
-            _, child_rejected, failures, child_rows, child_dead = _receive(child)
+            try:
+                _, child_rejected, failures, child_rows, child_dead = self._receive(child)
+            except _Lost:
+                continue
             self._failures.update(failures)
             rejected += child_rejected
             if child_rows:
                 rows += child_rows
                 parts.append(child.bits[:len(child_rows)])
             dead += child_dead
+        rejected += sorted(self._lost)
+        self._lost = set()
         bits = parts[0] if len(parts) == 1 else parts
         return StepMasks(rows, bits, dead, time.perf_counter() - start, rejected)
 
@@ -239,32 +316,35 @@ class RemoteGrammars:
     def failure(self, request_id: str) -> str | None:
         return self._failures.get(request_id)
 
+    # ------------------------------------------------------------------ the children
+    def _send(self, child: _Child, msg: tuple[Any, ...]) -> None:
+        try:
+            child.conn.send(msg)
+        except OSError as e:
+            self._lose(child, repr(e))
+            raise _Lost from e
+
+    def _receive(self, child: _Child) -> tuple[Any, ...]:
+        """The child's next reply, however long it takes (a large grammar compiles for seconds), as
+        long as the child lives. A reply "error" (its loop failed) is a death too."""
+        try:
+            while not child.conn.poll(1.0):
+                if child.proc.poll() is not None:
+                    raise EOFError(f"exited with code {child.proc.returncode}")
+            reply: tuple[Any, ...] = child.conn.recv()
+        except (EOFError, OSError) as e:
+            self._lose(child, str(e) or repr(e))
+            raise _Lost from e
+        if reply[0] == "error":
+            self._lose(child, reply[1].strip().splitlines()[-1])
+            log.error("grammars: process %d failed:\n%s", child.index, reply[1])
+            raise _Lost
+        return reply
+
 
 def _take_queued(child: _Child) -> dict[str, int]:
     queued, child.queued = child.queued, {}
     return queued
-
-
-def _send(child: _Child, msg: tuple[Any, ...]) -> None:
-    try:
-        child.conn.send(msg)
-    except OSError as e:
-        raise GrammarProcessError(f"the grammars' process is gone ({e})") from e
-
-
-def _receive(child: _Child) -> tuple[Any, ...]:
-    """The child's next reply, however long it takes (a large grammar compiles for seconds), as long
-    as the child lives."""
-    try:
-        while not child.conn.poll(1.0):
-            if child.proc.poll() is not None:
-                raise GrammarProcessError(f"the grammars' process exited with code {child.proc.returncode}")
-        reply: tuple[Any, ...] = child.conn.recv()
-    except (EOFError, OSError) as e:
-        raise GrammarProcessError(f"the grammars' process is gone ({e!r})") from e
-    if reply[0] == "error":
-        raise GrammarProcessError(f"the grammars' process failed:\n{reply[1]}")
-    return reply
 
 
 def _page_lock(bits: torch.Tensor) -> bool:
@@ -277,18 +357,18 @@ def _page_lock(bits: torch.Tensor) -> bool:
     return True
 
 
-def _stop(children: list[tuple[Connection, subprocess.Popen[bytes]]], shm: SharedMemory, locked: int | None) -> None:
-    for conn, _ in children:
+def _stop(children: list[_Child], shm: SharedMemory, locked: int | None) -> None:
+    for child in children:
         try:
-            conn.send(("stop",))
+            child.conn.send(("stop",))
         except OSError:
             pass
-    for _, proc in children:
+    for child in children:
         try:
-            proc.wait(timeout=5)
+            child.proc.wait(timeout=5)
         except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+            child.proc.kill()
+            child.proc.wait()
     if locked is not None:
         torch.cuda.cudart().cudaHostUnregister(locked)
     try:

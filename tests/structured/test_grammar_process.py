@@ -1,6 +1,6 @@
 """The grammars in processes of their own (structured/grammar_process.py): the same outputs as in
-the engine's process, with one process or two, rejections reported with the next masks, a dead
-child a clear error."""
+the engine's process, rejections reported with the next masks, a dead child replaced (only its
+requests end), a server stopped by SIGTERM leaving nothing behind."""
 
 from __future__ import annotations
 
@@ -45,7 +45,7 @@ def requests() -> dict:  # type: ignore[type-arg]
 def test_outputs_equal_those_of_the_engines_own_process(tiny_checkpoint: Path, monkeypatch: pytest.MonkeyPatch,
                                                         ) -> None:
     outs = {}
-    for setting, shards in (("0", 1), ("1", 1), ("1", 2)):
+    for setting, shards in (("0", 1), ("1", 2)):  # two processes: one alike, with parts to join
         monkeypatch.setenv(ENV, setting)
         monkeypatch.setattr(grammar_process, "SHARDS", shards)
         engine = build_engine(EngineArgs(model=str(tiny_checkpoint), device="cpu", max_model_len=1024))
@@ -56,7 +56,6 @@ def test_outputs_equal_those_of_the_engines_own_process(tiny_checkpoint: Path, m
         outs[setting, shards] = run(engine, requests())
         assert not engine.grammars.states and not engine.requests
         del engine
-    assert outs["1", 1] == outs["0", 1]
     assert outs["1", 2] == outs["0", 1]
     for s in range(4):  # and they are what they should be
         ids = outs["1", 2][f"json{s}"]
@@ -118,12 +117,74 @@ def test_two_processes_rows_come_as_two_parts(remote: RemoteGrammars) -> None:
     assert not remote.states
 
 
-def test_a_dead_child_is_a_clear_error() -> None:
+def test_a_dead_child_is_replaced_and_only_its_requests_end() -> None:
+    grammars = RemoteGrammars(VOCAB, max_rows=4, lanes=1, shards=2)
+    digit = load_tokenizer().encode("7")[0]
+    start_digits(grammars, "a")  # the first process
+    start_digits(grammars, "b")  # the second
+    first = grammars._children[0]
+    first.proc.kill()
+    first.proc.wait()
+    grammars.accept({"a": digit, "b": digit}, defer=True)
+    masks = grammars.masks(["a", "b"])
+    assert masks is not None and masks.rejected == ["a"] and masks.rows == [1]  # b's row, from the second
+    assert "died" in (grammars.failure("a") or "")
+    assert grammars._children[0] is not first and grammars._children[0].proc.poll() is None
+    grammars.drop("a")
+    start_digits(grammars, "c")  # the first again: its new process
+    masks = grammars.masks(["c", "b"])
+    assert masks is not None and sorted(masks.rows) == [0, 1] and not masks.rejected
+    # A request still compiling when its process dies is reported by ready, failed.
+    text = grammar_text(StructuredOutputs(regex=r"[0-9]{2,6}"), 8)
+    assert text is not None
+    grammars.start("d", text)  # the second process
+    second = grammars._children[1]
+    second.proc.kill()
+    second.proc.wait()
+    done = dict(grammars.ready(wait=True))
+    assert "died" in (done["d"] or "") and "d" not in grammars.states
+    masks = grammars.masks(["c", "b"])  # b was the second's: it ends; c goes on
+    assert masks is not None and masks.rejected == ["b"] and masks.rows == [0]
+
+
+def test_children_that_keep_dying_stop_the_engine_with_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(RemoteGrammars, "MAX_DEATHS", 1)
     grammars = RemoteGrammars(VOCAB, max_rows=2, lanes=1, shards=1)
     grammars._children[0].proc.kill()
     grammars._children[0].proc.wait()
-    with pytest.raises(GrammarProcessError, match="grammars' process"):
-        start_digits(grammars, "x")  # the start's message or the wait for it says so
+    start_digits(grammars, "x")  # its process is replaced: one death
+    grammars._children[0].proc.kill()
+    grammars._children[0].proc.wait()
+    with pytest.raises(GrammarProcessError, match="died 2 times"):
+        start_digits(grammars, "y")
+
+
+def test_the_engine_goes_on_when_a_grammar_process_dies(tiny_checkpoint: Path, monkeypatch: pytest.MonkeyPatch,
+                                                        ) -> None:
+    """A constrained request whose process dies mid-answer ends with finish reason "grammar" and
+    says why; a plain one beside it finishes, and a new constrained one is served valid."""
+    monkeypatch.setenv(ENV, "1")
+    monkeypatch.setattr(grammar_process, "SHARDS", 1)
+    engine = build_engine(EngineArgs(model=str(tiny_checkpoint), device="cpu", max_model_len=1024))
+    assert isinstance(engine.grammars, RemoteGrammars)
+    json_turn = StructuredOutputs(json_schema=SCHEMA, harmony=True)
+    engine.add_request("bound", prompt(0), sampled(json_turn, 1, max_tokens=96))
+    engine.add_request("free", prompt(1), sampled(None, 2, max_tokens=24))  # type: ignore[arg-type]
+    finished: dict[str, tuple[str | None, str | None]] = {}
+    steps = 0
+    while engine.has_unfinished():
+        if steps == 6:
+            engine.grammars._children[0].proc.kill()
+        for d in engine.step():
+            if d.finished:
+                finished[d.request_id] = (d.finish_reason, d.error)
+        steps += 1
+    assert finished["bound"][0] == "grammar" and "died" in (finished["bound"][1] or "")
+    assert finished["free"][0] == "length"
+    outs = run(engine, {"again": (prompt(2), sampled(json_turn, 3, max_tokens=96))})
+    ids = outs["again"]
+    assert ids[-2] == RETURN_TOKEN
+    jsonschema.validate(json.loads(parse_completion(ids[:-1]).content), SCHEMA)
 
 
 def test_a_server_stopped_by_sigterm_to_its_group_leaves_nothing(tiny_checkpoint: Path) -> None:
