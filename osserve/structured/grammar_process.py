@@ -23,24 +23,20 @@ grammar's mask) is then known with the masks, after its delta went out, and its 
 finish reason "grammar" at this step instead of the step before (StepMasks.rejected). A
 speculative step's accept still waits (its drafts can be rejected).
 
-A child is `python -m osserve.structured.grammar_process FD` (subprocess, as the tensor-parallel
-ranks are: the engine may run in a daemonic process, which multiprocessing forbids children). It
-exits with its parent. One that dies is replaced, and only its requests end (RemoteGrammars).
+A child is `python -m osserve.structured.grammar_child FD` (grammar_child.py; subprocess, as the
+tensor-parallel ranks are: the engine may run in a daemonic process, which multiprocessing forbids
+children). It exits with its parent. One that dies is replaced, and only its requests end (RemoteGrammars).
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import signal
 import socket
 import subprocess
 import sys
-import threading
 import time
-import traceback
 from dataclasses import dataclass, field
-from multiprocessing import resource_tracker
 from multiprocessing.connection import Connection
 from multiprocessing.shared_memory import SharedMemory
 from multiprocessing.util import Finalize
@@ -51,17 +47,12 @@ import torch
 
 from osserve.structured.compiling import GrammarCompiler, Prepared
 from osserve.structured.grammar import BoundedAnswer
-from osserve.structured.matchers import MASK_THREADS, Grammars, MaskFill, StepMasks
+from osserve.structured.matchers import MASK_THREADS, MaskFill, StepMasks
 from osserve.structured.spec import StructuredOutputs
 
 log = logging.getLogger("osserve")
 
 ENV = "OSSERVE_GRAMMAR_PROCESS"  # "1": in a process of their own, "0": in the engine's (default: on a GPU)
-# The child's GIL switch interval, as the engine process's (process_engine.py): its main thread
-# accepts tokens and copies shared masks in Python while the mask lanes' threads wait to start
-# llguidance's fills; at Python's default 5 ms they waited for the main thread to block.
-# OSSERVE_GRAMMAR_SWITCH_INTERVAL_S overrides it (benchmarks/diag/grammar_loop.py compares).
-SWITCH_INTERVAL_S = float(os.environ.get("OSSERVE_GRAMMAR_SWITCH_INTERVAL_S", 0.0002))
 # Grammar processes, the requests dealt out among them in turn. One process's work a step (feeding
 # the step before's tokens, then the masks) took ~3.5 ms at 256 JSON rows on an H100 host
 # (2026-11-27, benchmarks/diag/grammar_loop.py), longer than the loop's own work it hides behind
@@ -140,7 +131,7 @@ class RemoteGrammars:
 
     def _spawn(self, index: int) -> _Child:
         ours, theirs = socket.socketpair()
-        proc = subprocess.Popen([sys.executable, "-m", "osserve.structured.grammar_process", str(theirs.fileno())],
+        proc = subprocess.Popen([sys.executable, "-m", "osserve.structured.grammar_child", str(theirs.fileno())],
                                 pass_fds=(theirs.fileno(),), env=self._env)
         theirs.close()
         conn = Connection(ours.detach())
@@ -376,87 +367,3 @@ def _stop(children: list[_Child], shm: SharedMemory, locked: int | None) -> None
     except BufferError:  # a view of it still lives (a StepMasks held somewhere): the process ends soon
         pass
     shm.unlink()
-
-
-# ---------------------------------------------------------------------- the child's side
-def serve(conn: Connection, grammars: Grammars) -> None:
-    """Answer the engine's requests in order until it says stop or goes away. Rejections of tokens
-    fed without a reply ("feed") are reported with the next masks or accept."""
-    rejected: set[str] = set()
-
-    def failures(rids: set[str]) -> dict[str, str]:
-        return {rid: why for rid in rids if (why := grammars.failure(rid)) is not None}
-
-    while True:
-        try:
-            msg = conn.recv()
-        except EOFError:
-            return
-        kind = msg[0]
-        if kind == "start":
-            grammars.start(*msg[1:])
-        elif kind == "drop":
-            grammars.drop(msg[1])
-            rejected.discard(msg[1])
-        elif kind == "feed":
-            rejected |= grammars.accept(msg[1])
-        elif kind == "accept":
-            rejected |= grammars.accept(msg[1])
-            conn.send(("accepted", sorted(rejected), failures(rejected)))
-            rejected = set()
-        elif kind == "step":
-            _, tokens, request_ids = msg
-            rejected |= grammars.accept(tokens)
-            fill = grammars.begin_masks(request_ids)
-            masks = grammars.end_masks(fill) if fill is not None else None
-            rows, dead = (masks.rows, masks.dead) if masks is not None else ([], [])
-            failed = rejected | {request_ids[i] for i in dead}
-            conn.send(("masks", sorted(rejected), failures(failed), rows, dead))
-            rejected = set()
-        elif kind == "ready":
-            conn.send(("ready", grammars.ready(wait=msg[1])))
-        elif kind == "prepare":
-            grammars.prepare()
-            conn.send(("prepared",))
-        elif kind == "stop":
-            return
-
-
-def main(argv: list[str]) -> int:
-    conn = Connection(int(argv[0]))
-    vocab_size, max_rows, lanes, shm_name, index = conn.recv()
-    try:
-        shm = SharedMemory(name=shm_name)
-    except FileNotFoundError:  # the engine stopped while this process was starting: nothing to serve
-        return 0
-    # The engine's process made it and unlinks it: this one's tracker must not (Python < 3.13).
-    resource_tracker.unregister(shm._name, "shared_memory")  # type: ignore[attr-defined]
-    words = (vocab_size + 31) // 32
-    bits = torch.frombuffer(shm.buf, dtype=torch.int32).view(-1, max_rows, words)[index]
-    _exit_with_parent()
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group: the engine stops us
-    sys.setswitchinterval(SWITCH_INTERVAL_S)
-    try:
-        serve(conn, Grammars(vocab_size, lanes=lanes, buffer=bits))
-    except Exception:  # noqa: BLE001 - said to the engine, whatever it is
-        try:
-            conn.send(("error", traceback.format_exc()))
-        except OSError:
-            pass
-        return 1
-    return 0
-
-
-def _exit_with_parent() -> None:
-    parent = os.getppid()
-
-    def watch() -> None:
-        while os.getppid() == parent:
-            time.sleep(0.5)
-        os._exit(1)
-
-    threading.Thread(target=watch, name="osserve-grammar-parent-watch", daemon=True).start()
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
