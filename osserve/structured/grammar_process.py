@@ -25,7 +25,8 @@ speculative step's accept still waits (its drafts can be rejected).
 
 A child is `python -m osserve.structured.grammar_child FD` (grammar_child.py; subprocess, as the
 tensor-parallel ranks are: the engine may run in a daemonic process, which multiprocessing forbids
-children). It exits with its parent. One that dies is replaced, and only its requests end (RemoteGrammars).
+children). It exits with its parent. One that dies is replaced, and only its requests end
+(RemoteGrammars).
 """
 
 from __future__ import annotations
@@ -60,7 +61,8 @@ ENV = "OSSERVE_GRAMMAR_PROCESS"  # "1": in a process of their own, "0": in the e
 # more lanes did not shorten it (8 lanes: longer), more processes do. With 2 the loop waited
 # 0.13 ms for them, with 4 0.15; serving with a schema on every request (c=256) lost 21.2% of its
 # output with the grammars in the engine's process, 9.2% with 4 processes and 7.4% with 2, in one
-# call (BENCHMARKS.md). So 2 (1 on a host of under 8 cores). OSSERVE_GRAMMAR_SHARDS overrides.
+# call, and 5.1-5.2% with 2 against 6.7-12.9% in another (BENCHMARKS.md). So 2 (1 on a host of
+# under 8 cores). OSSERVE_GRAMMAR_SHARDS overrides.
 SHARDS = int(os.environ.get("OSSERVE_GRAMMAR_SHARDS", 0)) or max(1, min(2, (os.cpu_count() or 2) // 4))
 
 
