@@ -117,7 +117,7 @@ def test_two_processes_rows_come_as_two_parts(remote: RemoteGrammars) -> None:
     assert not remote.states
 
 
-def test_a_dead_child_is_replaced_and_only_its_requests_end() -> None:
+def test_a_dead_child_is_replaced_and_only_its_requests_end(monkeypatch: pytest.MonkeyPatch) -> None:
     grammars = RemoteGrammars(VOCAB, max_rows=4, lanes=1, shards=2)
     digit = load_tokenizer().encode("7")[0]
     start_digits(grammars, "a")  # the first process
@@ -145,18 +145,12 @@ def test_a_dead_child_is_replaced_and_only_its_requests_end() -> None:
     assert "died" in (done["d"] or "") and "d" not in grammars.states
     masks = grammars.masks(["c", "b"])  # b was the second's: it ends; c goes on
     assert masks is not None and masks.rejected == ["b"] and masks.rows == [0]
-
-
-def test_children_that_keep_dying_stop_the_engine_with_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(RemoteGrammars, "MAX_DEATHS", 1)
-    grammars = RemoteGrammars(VOCAB, max_rows=2, lanes=1, shards=1)
+    # Processes that keep dying (more than MAX_DEATHS in a minute) stop it with a clear error.
+    monkeypatch.setattr(RemoteGrammars, "MAX_DEATHS", 2)
     grammars._children[0].proc.kill()
     grammars._children[0].proc.wait()
-    start_digits(grammars, "x")  # its process is replaced: one death
-    grammars._children[0].proc.kill()
-    grammars._children[0].proc.wait()
-    with pytest.raises(GrammarProcessError, match="died 2 times"):
-        start_digits(grammars, "y")
+    with pytest.raises(GrammarProcessError, match="died 3 times"):
+        grammars.masks(["c"])
 
 
 def test_the_engine_goes_on_when_a_grammar_process_dies(tiny_checkpoint: Path, monkeypatch: pytest.MonkeyPatch,
