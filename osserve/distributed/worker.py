@@ -15,15 +15,13 @@ from __future__ import annotations
 
 import logging
 import os
-import signal
 import sys
-import threading
-import time
 import traceback
 from multiprocessing.connection import Connection
 
 import torch
 
+from osserve.child_process import become_engine_child
 from osserve.distributed.collectives import RankGroup, join_store
 from osserve.distributed.layout import ShardLayout
 from osserve.distributed.messages import STOP, WorkerSpec, unpack_step
@@ -37,8 +35,7 @@ def main(argv: list[str]) -> int:
     spec: WorkerSpec = conn.recv()
     logging.basicConfig(level=logging.INFO,
                         format=f"%(asctime)s %(levelname)s %(name)s[rank {spec.rank}]: %(message)s")
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group: the engine stops us
-    _exit_with_parent()
+    become_engine_child("osserve-parent-watch")
     try:
         runner, group = build(spec)
         conn.send(("ready",))
@@ -98,19 +95,6 @@ def serve(conn: Connection, runner: ModelRunner, group: RankGroup) -> None:
             if prev_len:
                 group.broadcast(prev)
         runner.run(entries, prev, copies)
-
-
-def _exit_with_parent() -> None:
-    """A thread that ends this process once its parent (the engine's process) is gone, even where
-    the main thread waits inside a collective for a rank that will never come."""
-    parent = os.getppid()
-
-    def watch() -> None:
-        while os.getppid() == parent:
-            time.sleep(0.5)
-        os._exit(1)
-
-    threading.Thread(target=watch, name="osserve-parent-watch", daemon=True).start()
 
 
 if __name__ == "__main__":

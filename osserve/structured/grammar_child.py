@@ -11,10 +11,7 @@ order. It ignores Ctrl-C (the engine stops it) and exits when the engine goes aw
 from __future__ import annotations
 
 import os
-import signal
 import sys
-import threading
-import time
 import traceback
 from multiprocessing import resource_tracker
 from multiprocessing.connection import Connection
@@ -22,6 +19,7 @@ from multiprocessing.shared_memory import SharedMemory
 
 import torch
 
+from osserve.child_process import become_engine_child
 from osserve.structured.matchers import Grammars
 
 # This process's GIL switch interval, as the engine process's (process_engine.py): its main thread
@@ -85,8 +83,7 @@ def main(argv: list[str]) -> int:
     resource_tracker.unregister(shm._name, "shared_memory")  # type: ignore[attr-defined]
     words = (vocab_size + 31) // 32
     bits = torch.frombuffer(shm.buf, dtype=torch.int32).view(-1, max_rows, words)[index]
-    _exit_with_parent()
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group: the engine stops us
+    become_engine_child("osserve-grammar-parent-watch")
     sys.setswitchinterval(SWITCH_INTERVAL_S)
     try:
         serve(conn, Grammars(vocab_size, lanes=lanes, buffer=bits))
@@ -97,17 +94,6 @@ def main(argv: list[str]) -> int:
             pass
         return 1
     return 0
-
-
-def _exit_with_parent() -> None:
-    parent = os.getppid()
-
-    def watch() -> None:
-        while os.getppid() == parent:
-            time.sleep(0.5)
-        os._exit(1)
-
-    threading.Thread(target=watch, name="osserve-grammar-parent-watch", daemon=True).start()
 
 
 if __name__ == "__main__":
