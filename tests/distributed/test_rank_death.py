@@ -23,7 +23,7 @@ from osserve.distributed.parallel_runner import ParallelRunner
 from osserve.engine.core.sampling_params import SamplingParams
 from osserve.engine.load import EngineArgs, build_engine
 from osserve.errors import EngineDeadError
-from tests.server.serving import free_port
+from tests.server.serving import free_port, wait_until_healthy
 
 
 @pytest.fixture
@@ -70,13 +70,8 @@ def test_the_server_answers_503_and_exits_when_a_worker_dies(tiny_checkpoint: Pa
     lines: list[str] = []
     threading.Thread(target=lambda: lines.extend(iter(proc.stdout.readline, "")), daemon=True).start()  # type: ignore[union-attr]
     try:
-        deadline = time.monotonic() + 90
-        while time.monotonic() < deadline and proc.poll() is None:
-            try:
-                if httpx.get(base + "/health", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                time.sleep(0.2)
+        deadline = time.monotonic() + 90  # for the start, and later for the exit
+        wait_until_healthy(proc, base, deadline - time.monotonic())
         found = [m for line in lines if (m := re.search(r"worker pids \[(\d+)\]", line))]
         assert found, "".join(lines)
         worker = int(found[0].group(1))

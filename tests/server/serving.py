@@ -1,8 +1,9 @@
-"""Running an app on 127.0.0.1 in a background thread for tests."""
+"""Running an app on 127.0.0.1 in a background thread for tests, and waiting for a server process."""
 
 from __future__ import annotations
 
 import socket
+import subprocess
 import threading
 import time
 from collections.abc import Iterator
@@ -17,6 +18,18 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def wait_until_healthy(proc: subprocess.Popen[str], base: str, timeout: float) -> None:
+    """Until the server `proc` started answers GET /health with 200, it exits, or `timeout` s pass
+    (the caller's next request says which)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and proc.poll() is None:
+        try:
+            if httpx.get(base + "/health", timeout=1).status_code == 200:
+                return
+        except httpx.HTTPError:
+            time.sleep(0.2)
 
 
 @contextmanager

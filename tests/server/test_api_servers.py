@@ -22,7 +22,7 @@ from osserve.errors import ConfigError
 from osserve.server.api_servers import ApiServers, ServerSpec
 from osserve.server.app import ServerConfig
 from osserve.server.responses_store import ResponseStore, StoredResponse
-from tests.server.serving import free_port
+from tests.server.serving import free_port, wait_until_healthy
 
 MODEL = "demo"
 QUESTION = {"model": MODEL, "messages": [{"role": "user", "content": "What is 21 + 34?"}], "temperature": 0}
@@ -164,13 +164,7 @@ def test_the_command_serves_through_two_processes_and_stops_on_sigterm() -> None
            "--api-server-count", "2", "--max-model-len", "1024"]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline and proc.poll() is None:
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                time.sleep(0.2)
+        wait_until_healthy(proc, f"http://127.0.0.1:{port}", 120)
         question = {**QUESTION, "model": "osserve-builtin", "max_tokens": 8}
         assert post(f"http://127.0.0.1:{port}/v1/chat/completions", question).status_code == 200
         proc.send_signal(signal.SIGTERM)

@@ -26,7 +26,7 @@ from osserve.structured.grammar_process import ENV, GrammarProcessError, RemoteG
 from osserve.structured.matchers import Grammars
 from osserve.structured.spec import StructuredOutputs
 from osserve.tokenizer import load_tokenizer
-from tests.server.serving import free_port
+from tests.server.serving import free_port, wait_until_healthy
 from tests.structured.test_engine_structured import SCHEMA, TIME, WEATHER, prompt, run, sampled
 
 VOCAB = 201088
@@ -191,13 +191,7 @@ def test_a_server_stopped_by_sigterm_to_its_group_leaves_nothing(tiny_checkpoint
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             start_new_session=True, env={**os.environ, ENV: "1"})
     try:
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline and proc.poll() is None:
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                time.sleep(0.2)
+        wait_until_healthy(proc, f"http://127.0.0.1:{port}", 120)
         body = {"model": tiny_checkpoint.name, "prompt": "Say it", "max_tokens": 8,
                 "response_format": {"type": "json_object"}}
         assert httpx.post(f"http://127.0.0.1:{port}/v1/completions", json=body, timeout=60).status_code == 200
