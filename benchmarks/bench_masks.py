@@ -33,14 +33,16 @@ import os
 import statistics
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.bench_structured import SCHEMA  # noqa: E402
 from osserve.structured import matchers  # noqa: E402
+from osserve.structured.compiling import Prepared  # noqa: E402
 from osserve.structured.matchers import Grammars  # noqa: E402
 from osserve.structured.spec import StructuredOutputs, ToolSpec  # noqa: E402
 from osserve.tokenizer import load_tokenizer  # noqa: E402
@@ -117,6 +119,16 @@ def timed(fn: Callable[..., object], *args: object) -> float:
     return time.perf_counter() - t
 
 
+def start_at(grammars: Iterable[Any], rid: str, prepared: Prepared, tokens: list[int], phase: int) -> None:
+    """Start request `rid` in each grammars object (Grammars, or any with its interface) and feed it
+    the walk's first `phase` tokens, as the engine would have by then."""
+    for g in grammars:
+        g.start(rid, prepared.text, prepared.free, prepared.bounded)
+        assert g.ready(wait=True) == [(rid, None)]
+        for t in tokens[:phase]:
+            assert not g.accept({rid: t})
+
+
 def run(work: Workload, batch: int, steps: int, make: Callable[[], Grammars]) -> dict[str, float]:
     """Median ms a step of masks() (all rows, then each kind of row alone) and accept(), median us
     a row of each kind, and the mean number of rows of each kind in a step."""
@@ -124,7 +136,6 @@ def run(work: Workload, batch: int, steps: int, make: Callable[[], Grammars]) ->
     whole, split = make(), make()
     prepared = whole.grammar_for(work.spec, MAX_TOKENS)  # as the engine starts a request
     assert prepared is not None
-    grammar, free, bounded = prepared.text, prepared.free, prepared.bounded
     serial = 0
     pos: dict[str, int] = {}
 
@@ -132,11 +143,7 @@ def run(work: Workload, batch: int, steps: int, make: Callable[[], Grammars]) ->
         nonlocal serial
         rid = f"r{serial}"
         serial += 1
-        for g in (whole, split):
-            g.start(rid, grammar, free, bounded)
-            assert g.ready(wait=True) == [(rid, None)]
-            for t in tokens[:phase]:
-                assert not g.accept({rid: t})
+        start_at((whole, split), rid, prepared, tokens, phase)
         pos[rid] = phase
 
     for i in range(batch):

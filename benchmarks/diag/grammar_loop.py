@@ -22,7 +22,7 @@ import statistics
 import sys
 import time
 
-from benchmarks.bench_masks import MAX_TOKENS, WORKLOADS, output_tokens
+from benchmarks.bench_masks import MAX_TOKENS, WORKLOADS, output_tokens, start_at
 from osserve.engine.process_engine import SWITCH_INTERVAL_S
 from osserve.structured.grammar_process import RemoteGrammars
 from osserve.structured.matchers import MASK_THREADS, Grammars
@@ -60,10 +60,7 @@ def walk(grammars: Grammars | RemoteGrammars, batch: int, steps: int, outputs: i
         nonlocal serial
         rid = f"r{serial}"
         serial += 1
-        grammars.start(rid, prepared.text, prepared.free, prepared.bounded)
-        assert grammars.ready(wait=True) == [(rid, None)]
-        for t in tokens[:phase]:
-            assert not grammars.accept({rid: t})
+        start_at([grammars], rid, prepared, tokens, phase)
         pos[rid] = phase
 
     for i in range(batch):

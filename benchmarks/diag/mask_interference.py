@@ -19,7 +19,7 @@ import sys
 import time
 from dataclasses import dataclass
 
-from benchmarks.bench_masks import MAX_TOKENS, WORKLOADS, output_tokens
+from benchmarks.bench_masks import MAX_TOKENS, WORKLOADS, output_tokens, start_at
 from osserve.structured.matchers import Grammars
 from osserve.tokenizer import load_tokenizer
 
@@ -51,7 +51,6 @@ def run(lanes: int, switch: float, steps: int, batch: int, rounds: int) -> dict[
     g = Grammars(load_tokenizer().vocab_size, lanes=lanes)
     prepared = g.grammar_for(work.spec, MAX_TOKENS)  # as the engine starts a request
     assert prepared is not None
-    grammar, free, bounded = prepared.text, prepared.free, prepared.bounded
     pos: dict[str, int] = {}
     serial = 0
 
@@ -59,10 +58,7 @@ def run(lanes: int, switch: float, steps: int, batch: int, rounds: int) -> dict[
         nonlocal serial
         rid = f"r{serial}"
         serial += 1
-        g.start(rid, grammar, free, bounded)
-        g.ready(wait=True)
-        for t in tokens[:phase]:
-            g.accept({rid: t})
+        start_at([g], rid, prepared, tokens, phase)
         pos[rid] = phase
 
     for i in range(batch):
