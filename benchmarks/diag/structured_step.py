@@ -3,8 +3,9 @@ schema (one GPU, random weights, no HTTP): 256 requests of 64 random prompt toke
 temperature 1, ignore_eos (what structured_ab.sh's serving rounds send), run plain, with
 bench_structured.SCHEMA, and with that schema less its strings' maxLength, twice each. The engine's
 own phases are timed by wrapping its methods (host clock, summed over the decode steps, per step):
-schedule, the forward's launch, the wait for the step before's tokens, the grammars' accept and
-masks, the sampler's launch, the outputs. Table printed last.
+schedule, the forward's launch, the wait for the step before's tokens, the grammars' accept, the
+masks' start and their end (with the grammar processes, the wait for their replies), the sampler's
+launch, the outputs. Table printed last.
 
     PYTHONPATH=$PWD python3 benchmarks/diag/structured_step.py [--batch 256] [--device cpu]
 """
@@ -26,8 +27,8 @@ from osserve.engine.core.sampling_params import SamplingParams
 from osserve.engine.load import EngineArgs, build_engine
 from osserve.structured.spec import StructuredOutputs
 
-PHASES = ("schedule", "forward launch", "collect (wait + accept)", "accept", "masks", "sample launch",
-          "outputs")
+PHASES = ("schedule", "forward launch", "collect (wait + accept)", "accept", "masks begin", "masks end (wait)",
+          "sample launch", "outputs")
 
 
 def timed(spent: dict[str, float], phase: str, fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -58,7 +59,8 @@ def main() -> None:
     engine.runner.run = timed(spent, "forward launch", engine.runner.run)  # type: ignore[method-assign]
     engine._collect = timed(spent, "collect (wait + accept)", engine._collect)  # type: ignore[method-assign]
     engine.grammars.accept = timed(spent, "accept", engine.grammars.accept)  # type: ignore[method-assign]
-    engine.grammars.masks = timed(spent, "masks", engine.grammars.masks)  # type: ignore[method-assign]
+    engine.grammars.begin_masks = timed(spent, "masks begin", engine.grammars.begin_masks)  # type: ignore[method-assign]
+    engine.grammars.end_masks = timed(spent, "masks end (wait)", engine.grammars.end_masks)  # type: ignore[method-assign]
     engine._launch_sample = timed(spent, "sample launch", engine._launch_sample)  # type: ignore[method-assign]
     engine._finish = timed(spent, "outputs", engine._finish)  # type: ignore[method-assign]
     nomax = copy.deepcopy(SCHEMA)
