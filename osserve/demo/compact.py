@@ -10,6 +10,7 @@ loader reads. A few MB instead of the ~200 MB the two full-vocabulary matrices w
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import torch
@@ -64,10 +65,14 @@ def expand_compact(path: str | Path, out_dir: str | Path) -> Path:
         tensors[name] = full
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    tmp = out / (SINGLE_FILE + ".tmp")
+    # Each file under a name of this process's, then renamed: two processes expanding at once (two
+    # servers, two test runs on a fresh machine) each write whole files, and a reader never sees half.
+    tmp = out / f"{SINGLE_FILE}.{os.getpid()}.tmp"
     save_file(tensors, str(tmp), metadata={"format": "pt"})
-    (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
-    tmp.rename(out / SINGLE_FILE)  # last: a folder with model.safetensors is complete
+    config_tmp = out / f"config.json.{os.getpid()}.tmp"
+    config_tmp.write_text(json.dumps(config, indent=2) + "\n")
+    os.replace(config_tmp, out / "config.json")
+    os.replace(tmp, out / SINGLE_FILE)  # last: a folder with model.safetensors is complete
     return out
 
 

@@ -6,6 +6,7 @@ them to the full vocabulary) and it shares the target's embedding, so the file i
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import torch
@@ -28,8 +29,11 @@ def expand_draft(path: str | Path, out_dir: str | Path) -> Path:
         config = json.loads(f.metadata()["config"])
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
-    tmp = out / "model.safetensors.tmp"
+    # As expand_compact: this process's names, then renamed (several may expand at once).
+    config_tmp = out / f"config.json.{os.getpid()}.tmp"
+    config_tmp.write_text(json.dumps(config, indent=2) + "\n")
+    os.replace(config_tmp, out / "config.json")
+    tmp = out / f"model.safetensors.{os.getpid()}.tmp"
     save_file(load_file(str(path)), str(tmp), metadata={"format": "pt"})
-    tmp.rename(out / "model.safetensors")
+    os.replace(tmp, out / "model.safetensors")
     return out
