@@ -25,8 +25,8 @@ if [ "$#" -gt 0 ]; then
     exit $?
 fi
 # Two lanes of about equal time: the engine's tests, then the kernels'; the server's, the
-# tensor-parallel ranks', then the rest (2026-11-27, both at once: 11.7 and 9.1 minutes with the
-# tensor-parallel tests, ~1 minute, in the first).
+# tensor-parallel ranks', then the rest (2026-11-27, from a fresh clone: 11.9 and 11.4 minutes,
+# 13.5 with setup).
 lanes=("tests/engine tests/speculative tests/structured|tests/ops tests/gpu tests/model"
        "tests/server|tests/distributed|REST")
 named=" ${lanes[*]//|/ } "
@@ -45,6 +45,7 @@ load_tokenizer(); builtin_model_dir(); builtin_draft_dir()"
 
 run_lane() {  # LANE_INDEX "GROUP|GROUP...": each group a pytest process, one after another
     local failed=0 n=0 group
+    local -a groups
     IFS='|' read -r -a groups <<<"$2"
     for group in "${groups[@]}"; do
         [ "$group" = REST ] && group="${rest[*]}"
