@@ -21,6 +21,7 @@ from osserve.engine.core.outputs import (
 )
 from osserve.engine.core.sampling_params import SamplingParams
 from osserve.engine.engine import LLMEngine
+from osserve.engine.step_profile import ProfileLog
 from osserve.errors import EngineDeadError, OsserveError, OverloadedError
 
 log = logging.getLogger("osserve")
@@ -44,6 +45,7 @@ class AsyncEngine:
         self._queues: Queues = {}
         self._stop = threading.Event()
         self._dead: str | None = None
+        self._profile_log = ProfileLog(log)
         self._thread = threading.Thread(target=self._loop, name="osserve-engine", daemon=True)
         self._thread.start()
 
@@ -118,9 +120,7 @@ class AsyncEngine:
                 busy = self.engine.has_unfinished()
                 if busy:
                     deltas += self.engine.step()
-                    profile = self.engine.profile
-                    if profile.steps and profile.steps % profile.every == 0:
-                        log.info("engine: %s", profile.summary())
+                    self._profile_log.after_step(self.engine.profile)
                 deliver(self._queues, deltas)
                 if not busy:
                     self._inbox.wake.wait(timeout=0.5)

@@ -91,6 +91,7 @@ class LLMEngine:
         self.prompt_tokens_total = 0
         self.generation_tokens_total = 0
         self.profile = StepProfile()
+        self.step_ended: float | None = None  # when the last step() returned, while requests were left
         self.in_flight: InFlightStep | None = None
         cuda = self.runner.device.type == "cuda"
         self.grammars: Grammars | RemoteGrammars = (
@@ -165,13 +166,23 @@ class LLMEngine:
 
     # ------------------------------------------------------------------ the step
     def step(self) -> list[CompletionDelta]:
+        start = time.perf_counter()
+        if self.step_ended is not None:
+            self.profile.between += start - self.step_ended
         compiled = self._admit_compiled() if self.compiling else []
+        admitted = time.perf_counter()
+        self.profile.admit += admitted - start
         deltas = compiled + self._step()
         if self.in_flight is not None and not self.requests:
             # Every request of the step in flight has ended (its rows were wasted on stop tokens):
             # nothing will read it, and a later request must not meet its tokens.
             self._collect(self.in_flight)
             self.in_flight = None
+        end = time.perf_counter()
+        self.profile.in_step += end - start
+        # The caller's time until the next step counts only while requests are left (an idle
+        # server waits for new ones).
+        self.step_ended = end if self.requests else None
         return deltas
 
     def _admit_compiled(self) -> list[CompletionDelta]:

@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 from osserve import errors
 from osserve.engine.core.outputs import CompletionDelta, EngineStats, Queues, coalesce, deliver, error_delta
 from osserve.engine.core.sampling_params import SamplingParams
+from osserve.engine.step_profile import ProfileLog
 from osserve.errors import EngineDeadError, OsserveError, OverloadedError
 from osserve.tokenizer import load_tokenizer
 
@@ -166,6 +167,7 @@ def _engine_main(args: EngineArgs, links: ServerLinks) -> None:
     sys.setswitchinterval(SWITCH_INTERVAL_S)
     links.announce(("ready", {"max_model_len": engine.max_model_len,
                               "max_waiting": engine.scheduler_config.max_waiting}))
+    profile_log = ProfileLog(log)
     try:
         while True:
             out: list[CompletionDelta | _Rejected] = []
@@ -184,9 +186,7 @@ def _engine_main(args: EngineArgs, links: ServerLinks) -> None:
                         out.append(_Rejected(rid, type(e).__name__, e.message, e.param))
             if engine.has_unfinished():
                 out += engine.step()
-                profile = engine.profile
-                if profile.steps and profile.steps % profile.every == 0:
-                    log.info("engine: %s", profile.summary())
+                profile_log.after_step(engine.profile)
             if out:
                 links.send(out, engine.stats())
     except Exception as e:
