@@ -57,13 +57,9 @@ run_lane() {  # LANE_INDEX "GROUP|GROUP...": each group a pytest process, one af
     return "$failed"
 }
 failed=0
-pids=()
-for i in "${!lanes[@]}"; do
-    run_lane "$i" "${lanes[$i]}" >"$logs/lane-$i.log" 2>&1 &
-    pids+=($!)
-done
-for i in "${!pids[@]}"; do
-    wait "${pids[$i]}" || failed=1
-    cat "$logs/lane-$i.log"
-done
+run_lane 1 "${lanes[1]}" >"$logs/lane-1.log" 2>&1 &
+second=$!
+run_lane 0 "${lanes[0]}" || failed=1  # its output as it comes: a test that hangs shows where
+wait "$second" || failed=1
+cat "$logs/lane-1.log"
 exit "$failed"
