@@ -34,7 +34,7 @@ import statistics
 import sys
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -129,6 +129,43 @@ def start_at(grammars: Iterable[Any], rid: str, prepared: Prepared, tokens: list
             assert not g.accept({rid: t})
 
 
+@dataclass
+class Walk:
+    """Requests on the walk of `tokens` in each grammars object, each at its position (`pos`): ids
+    r0, r1, ... in the order they join; one that reaches the walk's end leaves and a new one joins
+    at its start, so that a step's rows stay spread over the walk."""
+
+    grammars: Iterable[Any]
+    prepared: Prepared
+    tokens: list[int]
+    pos: dict[str, int] = field(default_factory=dict)
+    joined: int = 0
+
+    def join(self, phase: int) -> None:
+        rid = f"r{self.joined}"
+        self.joined += 1
+        start_at(self.grammars, rid, self.prepared, self.tokens, phase)
+        self.pos[rid] = phase
+
+    def spread(self, batch: int) -> None:
+        """`batch` requests, evenly spread over the walk."""
+        for i in range(batch):
+            self.join(i * MAX_TOKENS // batch)
+
+    def advance(self, rids: Iterable[str], finished: Callable[[str], Any] | None = None) -> None:
+        """Each of `rids` one token on; one at the walk's end is dropped from each grammars object
+        (after `finished(rid)`, where given) and a new request joins at the start."""
+        for r in rids:
+            self.pos[r] += 1
+            if self.pos[r] == MAX_TOKENS:
+                if finished is not None:
+                    finished(r)
+                for g in self.grammars:
+                    g.drop(r)
+                del self.pos[r]
+                self.join(0)
+
+
 def run(work: Workload, batch: int, steps: int, make: Callable[[], Grammars]) -> dict[str, float]:
     """Median ms a step of masks() (all rows, then each kind of row alone) and accept(), median us
     a row of each kind, and the mean number of rows of each kind in a step."""
@@ -136,18 +173,9 @@ def run(work: Workload, batch: int, steps: int, make: Callable[[], Grammars]) ->
     whole, split = make(), make()
     prepared = whole.grammar_for(work.spec, MAX_TOKENS)  # as the engine starts a request
     assert prepared is not None
-    serial = 0
-    pos: dict[str, int] = {}
-
-    def join(phase: int) -> None:
-        nonlocal serial
-        rid = f"r{serial}"
-        serial += 1
-        start_at((whole, split), rid, prepared, tokens, phase)
-        pos[rid] = phase
-
-    for i in range(batch):
-        join(i * MAX_TOKENS // batch)
+    walk = Walk((whole, split), prepared, tokens)
+    walk.spread(batch)
+    pos = walk.pos
     times: dict[str, list[float]] = {"all": [], "accept": []}
     counts: dict[str, list[int]] = {k: [] for k in KINDS}
     for _ in range(steps):
@@ -164,13 +192,7 @@ def run(work: Workload, batch: int, steps: int, make: Callable[[], Grammars]) ->
         times["accept"].append(timed(whole.accept, sampled))
         split.accept(sampled)
         assert not any(whole.failure(r) or split.failure(r) for r in rids), "the walk left the grammar"
-        for r in rids:
-            pos[r] += 1
-            if pos[r] == MAX_TOKENS:
-                whole.drop(r)
-                split.drop(r)
-                del pos[r]
-                join(0)
+        walk.advance(rids)
     out = {k: 1e3 * statistics.median(v) for k, v in times.items()}
     out.update({"n_" + k: statistics.mean(v) for k, v in counts.items()})
     return out

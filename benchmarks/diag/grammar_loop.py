@@ -22,7 +22,7 @@ import statistics
 import sys
 import time
 
-from benchmarks.bench_masks import MAX_TOKENS, WORKLOADS, output_tokens, start_at
+from benchmarks.bench_masks import MAX_TOKENS, WORKLOADS, Walk, output_tokens
 from osserve.engine.process_engine import SWITCH_INTERVAL_S
 from osserve.structured.grammar_process import RemoteGrammars
 from osserve.structured.matchers import MASK_THREADS, Grammars
@@ -53,18 +53,9 @@ def walk(grammars: Grammars | RemoteGrammars, batch: int, steps: int, outputs: i
     prepared = grammars.grammar_for(work.spec, MAX_TOKENS)
     assert prepared is not None
     remote = isinstance(grammars, RemoteGrammars)
-    pos: dict[str, int] = {}
-    serial = 0
-
-    def join(phase: int) -> None:
-        nonlocal serial
-        rid = f"r{serial}"
-        serial += 1
-        start_at([grammars], rid, prepared, tokens, phase)
-        pos[rid] = phase
-
-    for i in range(batch):
-        join(i * MAX_TOKENS // batch)
+    walk = Walk([grammars], prepared, tokens)
+    walk.spread(batch)
+    pos = walk.pos
     loop, stand_in, accept, begin, end = [], [], [], [], []
     sampled: dict[str, int] = {}
     for _ in range(steps):
@@ -85,13 +76,8 @@ def walk(grammars: Grammars | RemoteGrammars, batch: int, steps: int, outputs: i
         assert not masks.dead and not masks.rejected, "the walk left the grammar"
         loop.append(time.perf_counter() - start)
         sampled = {r: tokens[pos[r]] for r in rids}
-        for r in rids:
-            pos[r] += 1
-        for r in [r for r in rids if pos[r] == MAX_TOKENS]:
-            grammars.accept({r: sampled.pop(r)}, defer=remote)  # its last token, as the engine feeds it
-            grammars.drop(r)
-            del pos[r]
-            join(0)
+        # A request at the walk's end is fed its last token first, as the engine feeds it.
+        walk.advance(rids, lambda r, now=sampled: grammars.accept({r: now.pop(r)}, defer=remote))
 
     def ms(xs: list[float], q: float) -> float:
         return 1e3 * sorted(xs)[min(len(xs) - 1, int(q * len(xs)))]

@@ -19,7 +19,7 @@ import sys
 import time
 from dataclasses import dataclass
 
-from benchmarks.bench_masks import MAX_TOKENS, WORKLOADS, output_tokens, start_at
+from benchmarks.bench_masks import MAX_TOKENS, WORKLOADS, Walk, output_tokens
 from osserve.structured.matchers import Grammars
 from osserve.tokenizer import load_tokenizer
 
@@ -51,18 +51,9 @@ def run(lanes: int, switch: float, steps: int, batch: int, rounds: int) -> dict[
     g = Grammars(load_tokenizer().vocab_size, lanes=lanes)
     prepared = g.grammar_for(work.spec, MAX_TOKENS)  # as the engine starts a request
     assert prepared is not None
-    pos: dict[str, int] = {}
-    serial = 0
-
-    def join(phase: int) -> None:
-        nonlocal serial
-        rid = f"r{serial}"
-        serial += 1
-        start_at([g], rid, prepared, tokens, phase)
-        pos[rid] = phase
-
-    for i in range(batch):
-        join(i * MAX_TOKENS // batch)
+    walk = Walk([g], prepared, tokens)
+    walk.spread(batch)
+    pos = walk.pos
     times: dict[str, list[float]] = {k: [] for k in ("during", "after", "plain during", "plain after", "wait")}
     for step in range(steps):
         rids = list(pos)
@@ -88,12 +79,7 @@ def run(lanes: int, switch: float, steps: int, batch: int, rounds: int) -> dict[
             times["plain during"].append(t5 - t4)
             times["plain after"].append(t6 - t5)
             times["wait"].append(masks.waited)
-        for r in rids:
-            pos[r] += 1
-            if pos[r] == MAX_TOKENS:
-                g.drop(r)
-                del pos[r]
-                join(0)
+        walk.advance(rids)
     return {k: 1e3 * statistics.median(v) for k, v in times.items()}
 
 
