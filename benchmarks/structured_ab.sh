@@ -10,6 +10,10 @@
 # (no constraint, the schema's text in the user's message instead: in chat a json request's prompt
 # holds the schema, 155 tokens against 63, and long's holds as many, so json against long is the
 # grammar's cost alone).
+# After each round: the engine's log windows of that round, and each server process's share of a core
+# over it (benchmarks/diag/process_cpu.py: the engine, the HTTP servers, the grammar processes).
+# DIAG_PATH=DIR goes first on the server's PYTHONPATH: a sitecustomize of benchmarks/diag (e.g.
+# gpu_timeline, with its OSSERVE_GPU_TIMELINE) then runs in its processes.
 # Tables printed last.
 # TREES="DIR ..." serves each directory's code in turn (e.g. `git archive OLD | tar -x -C .ab/OLD`,
 # carried): a same-machine comparison across commits. ENDPOINT=completions sends raw completions
@@ -35,12 +39,16 @@ for tree in $TREES; do
 for threads in $MASK_THREADS; do
     log="$OUT/server-threads-$threads-${tree//[\/.]/_}.log"
     env_threads=(); [ "$threads" != default ] && env_threads=(OSSERVE_MASK_THREADS="$threads")
-    (cd "$tree" && PYTHONPATH="$PWD:/tmp/site" exec env "${env_threads[@]}" python3 -m osserve.cli serve \
+    (cd "$tree" && PYTHONPATH="${DIAG_PATH:+$DIAG_PATH:}$PWD:/tmp/site" exec env "${env_threads[@]}" python3 -m osserve.cli serve \
         --load-format dummy --preset "$PRESET" --port 8000 --max-num-seqs 256 --max-model-len 4096 \
         --max-num-batched-tokens 8192) > "$log" 2>&1 &
     server=$!
     wait_for_server $server "$log"
+    round=0
     for run in $RUNS; do
+        round=$((round + 1))
+        logged=$(wc -l < "$log")
+        python3 benchmarks/diag/process_cpu.py snapshot $server > /tmp/cpu-before.json
         extra=(); [ "$run" = json ] && extra=(--json-schema /tmp/schema.json)
         [ "$run" = nomax ] && extra=(--json-schema /tmp/schema-nomax.json)
         prompt=$PROMPT; [ "$run" = long ] && prompt=$LONG_PROMPT
@@ -48,6 +56,10 @@ for threads in $MASK_THREADS; do
             --endpoint "$ENDPOINT" --num-requests "$N" --concurrency 256 --max-tokens 256 --ignore-eos --timeout 200 \
             --prompt "$prompt" "${extra[@]}" \
             --output-json "$OUT/serve-$threads-$run.json")
+        python3 benchmarks/diag/process_cpu.py snapshot $server > /tmp/cpu-after.json
+        echo "== round $round ($tree, threads $threads): $run"
+        tail -n +"$((logged + 1))" "$log" | grep "engine: " | sed 's/^.* INFO osserve: //'
+        python3 benchmarks/diag/process_cpu.py diff /tmp/cpu-before.json /tmp/cpu-after.json | head -8
         tok=$(echo "$result" | grep "output token throughput" | grep -oE "[0-9]+\.[0-9]+" | head -1)
         ttft=$(echo "$result" | grep "TTFT ms" | grep -oE "[0-9]+\.[0-9]+" | sed -n 2,4p | tr '\n' ' ')
         first=$(echo "$result" | grep "first event ms" | grep -oE "[0-9]+\.[0-9]+" | sed -n 2,4p | tr '\n' ' ')
