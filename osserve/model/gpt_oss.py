@@ -22,7 +22,7 @@ from osserve.ops.attention.dispatch import paged_attention
 from osserve.ops.attention.kv_format import KVCache
 from osserve.ops.attention.metadata import AttentionMetadata
 from osserve.ops.dispatch import use_triton
-from osserve.ops.linear.dispatch import linear
+from osserve.ops.linear.dispatch import linear, linear_float32
 from osserve.ops.moe.dispatch import fused_moe, plan_block_m
 from osserve.ops.moe.weights import ExpertWeights, PreparedExperts
 from osserve.ops.norm.dispatch import add_rms_norm, embed_rms_norm
@@ -311,8 +311,9 @@ class GptOssForCausalLM(nn.Module):
         return x, torch.cat([captured[k] for k in layers_to_capture], dim=-1)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """hidden [N, hidden] -> logits [N, vocab] in float32."""
-        return linear(hidden, self.lm_head.weight).float()
+        """hidden [N, hidden] -> logits [N, vocab] in float32 (not rounded to the model's dtype first
+        on a GPU: linear_float32)."""
+        return linear_float32(hidden, self.lm_head.weight)
 
     def compute_logits_and_greedy(self, hidden: torch.Tensor, greedy_out: torch.Tensor | None = None,
                                   host_out: HostIds | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:

@@ -44,11 +44,16 @@ def test_speculative_graphs_are_as_close_to_the_reference_as_plain_decoding(
     from osserve.model.eagle3_weights import write_random_draft
 
     draft = write_random_draft(preset("tiny"), tmp_path / "draft", seed=1)
+    # 16 prompts x 40 tokens: a speculative run's tokens part from plain decoding's at the first
+    # near-tie its verify logits break the other way, and from there its agreement is another
+    # sequence's; at 4 x 24 a token was a point, and that noise alone failed [chain] (0.906 against
+    # plain's 0.969, H100, 2026-11-27). These prompts are benchmarks/diag/spec_agreement.py's seed 2.
     g = torch.Generator().manual_seed(2)
-    prompts = [torch.randint(0, 199_000, (n,), generator=g).tolist() for n in (5, 130, 300, 17)]
+    lengths = torch.randint(3, 400, (16,), generator=g).tolist()
+    prompts = [torch.randint(0, 199_000, (n,), generator=g).tolist() for n in lengths]
     args = EngineArgs(model=str(tiny_checkpoint), max_model_len=4096, kv_cache_gb=1)
     plain_engine = build_engine(args)
-    plain = greedy(plain_engine, prompts, 24)
+    plain = greedy(plain_engine, prompts, 40)
     model = plain_engine.runner.model
     del plain_engine
     engine = build_engine(EngineArgs(**{**vars(args), "speculative_config": dict(spec, model=str(draft))}))
@@ -69,7 +74,7 @@ def test_speculative_graphs_are_as_close_to_the_reference_as_plain_decoding(
     engine.runner.verify_graphs.run = count_verify  # type: ignore[method-assign]
     draft_graphs.run = count_draft  # type: ignore[method-assign]
     engine.spec.oracle = AcceptanceOracle({f"r{i}": t for i, t in enumerate(plain)}, 0.8, 201088)
-    speculative = greedy(engine, prompts, 24)
+    speculative = greedy(engine, prompts, 40)
     assert replays["verify"] >= 5 and replays["draft"] >= 5 and engine.spec.stats.num_accepted_tokens > 10
     model.float()
     exact, close = agreement(model, prompts, speculative)
