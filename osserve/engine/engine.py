@@ -243,6 +243,9 @@ class LLMEngine:
                 masks = self.grammars.end_masks(fill)
                 self.profile.grammar += time.perf_counter() - start
                 self.profile.mask_wait += masks.waited
+                if masks.process_times is not None:
+                    self.profile.process_start += masks.process_times[0]
+                    self.profile.process_work += masks.process_times[1]
         result = self._launch_sample(rows, step_logits.logits, step_logits.greedy,
                                      (masks.rows, masks.bits) if masks is not None and masks.rows else None)
         # The ids are on the host already where the sampler took the head's greedy ids as they are.

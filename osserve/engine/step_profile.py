@@ -13,7 +13,9 @@ class StepProfile:
     queueing the forward and the sampler; `gpu_wait` is waiting for a step's sampled ids, wherever
     the loop waits for them; `grammar` is feeding the structured-output matchers and filling their
     masks (of it, `grammar_accept` feeding them and `mask_wait` waiting for llguidance's mask
-    threads, or the grammar processes, after the step before's outputs); `post` is stop checks,
+    threads, or the grammar processes, after the step before's outputs; with the processes,
+    `process_start` and `process_work` split the step's last reply: from the loop's message to that
+    process taking it up, then to its reply); `post` is stop checks,
     detokenisation and deltas. `admit` is the step's start, taking in requests whose grammar is
     compiled (with the grammar processes, a round trip to them); `in_step` is the whole of each
     step() call, so that what the parts above leave out shows; `between` is the caller's time from
@@ -29,6 +31,8 @@ class StepProfile:
     grammar: float = 0.0
     grammar_accept: float = 0.0
     mask_wait: float = 0.0
+    process_start: float = 0.0
+    process_work: float = 0.0
     admit: float = 0.0
     in_step: float = 0.0
     between: float = 0.0
@@ -69,8 +73,11 @@ class StepProfile:
     def _grammar_parts(self, n: int) -> str:
         if not self.grammar:
             return ""
+        processes = "" if not self.process_work else (
+            f"; the last grammar process to reply took the step up after {1000 * self.process_start / n:.2f} "
+            f"and worked {1000 * self.process_work / n:.2f}")
         return (f" (accept {1000 * self.grammar_accept / n:.2f}, "
-                f"waiting for the masks {1000 * self.mask_wait / n:.2f})")
+                f"waiting for the masks {1000 * self.mask_wait / n:.2f}{processes})")
 
 
 @dataclass

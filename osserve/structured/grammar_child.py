@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 import traceback
 from multiprocessing import resource_tracker
 from multiprocessing.connection import Connection
@@ -42,6 +43,7 @@ def serve(conn: Connection, grammars: Grammars) -> None:
             msg = conn.recv()
         except EOFError:
             return
+        received = time.perf_counter()  # the same clock as the engine's (CLOCK_MONOTONIC): its log compares them
         kind = msg[0]
         if kind == "start":
             grammars.start(*msg[1:])
@@ -61,7 +63,7 @@ def serve(conn: Connection, grammars: Grammars) -> None:
             masks = grammars.end_masks(fill) if fill is not None else None
             rows, dead = (masks.rows, masks.dead) if masks is not None else ([], [])
             failed = rejected | {request_ids[i] for i in dead}
-            conn.send(("masks", sorted(rejected), failures(failed), rows, dead))
+            conn.send(("masks", sorted(rejected), failures(failed), rows, dead, (received, time.perf_counter())))
             rejected = set()
         elif kind == "ready":
             conn.send(("ready", grammars.ready(wait=msg[1])))

@@ -87,6 +87,7 @@ class _Child:
     bits: torch.Tensor  # [max_rows, words]: the rows it fills
     queued: dict[str, int] = field(default_factory=dict)  # deferred tokens, sent with its next message that waits
     stepping: bool = False  # asked for a step's masks, not yet received
+    sent: float = 0.0  # when it was last asked for masks (perf_counter: the children's clock too)
 
 
 class _Lost(Exception):
@@ -265,6 +266,7 @@ class RemoteGrammars:
             try:
                 if child in stepping:
                     child.stepping = True
+                    child.sent = time.perf_counter()
                     self._send(child, ("step", _take_queued(child), request_ids))
                 elif child.queued:
                     self._send(child, ("feed", _take_queued(child)))
@@ -276,21 +278,24 @@ class RemoteGrammars:
 
     def end_masks(self, fill: MaskFill) -> StepMasks:
         """The children's rows one after another: their bits are separate regions of the buffer.
-        `waited` is the time spent here, waiting for the children's replies. Requests of a child
-        that died come back rejected."""
+        `waited` is the time spent here, waiting for the children's replies; `process_times` the
+        last reply's child's (start, work). Requests of a child that died come back rejected."""
         start = time.perf_counter()
         rows: list[int] = []
         parts: list[torch.Tensor] = []
         dead: list[int] = []
         rejected: list[str] = []
+        last_reply, times = 0.0, (0.0, 0.0)
         for child in list(self._children):
             if not child.stepping:
                 continue
             child.stepping = False
             try:
-                _, child_rejected, failures, child_rows, child_dead = self._receive(child)
+                _, child_rejected, failures, child_rows, child_dead, (received, replied) = self._receive(child)
             except _Lost:
                 continue
+            if replied > last_reply:
+                last_reply, times = replied, (received - child.sent, replied - received)
             self._failures.update(failures)
             rejected += child_rejected
             if child_rows:
@@ -300,7 +305,7 @@ class RemoteGrammars:
         rejected += sorted(self._lost)
         self._lost = set()
         bits = parts[0] if len(parts) == 1 else parts
-        return StepMasks(rows, bits, dead, time.perf_counter() - start, rejected)
+        return StepMasks(rows, bits, dead, time.perf_counter() - start, rejected, times)
 
     def masks(self, request_ids: list[str]) -> StepMasks | None:
         fill = self.begin_masks(request_ids)

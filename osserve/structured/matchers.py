@@ -112,6 +112,9 @@ class StepMasks:
     # Requests whose grammar rejected a token fed with `accept(..., defer=True)` (grammar_process.py
     # reports them here; Grammars itself reports every rejection from accept).
     rejected: list[str] = field(default_factory=list)
+    # RemoteGrammars: of the process whose reply came last, seconds from the step's message to its
+    # start on it, and from there to its reply (the loop's wait, split: late to start, or slow).
+    process_times: tuple[float, float] | None = None
 
 
 class Grammars:

@@ -26,6 +26,15 @@ def test_a_window_is_what_came_after_the_copy() -> None:
     assert "mean batch 30.0" in window.summary() and "between steps 500.00" in window.summary()
 
 
+def test_the_summary_splits_the_grammar_processes_reply_only_where_there_is_one() -> None:
+    profile = StepProfile()
+    profile.add(4, 0.0, 0.0, 0.0)
+    profile.grammar, profile.mask_wait = 0.003, 0.002
+    assert "waiting for the masks 2.00)" in profile.summary()  # the grammars in the engine's process
+    profile.process_start, profile.process_work = 0.0005, 0.0025
+    assert "took the step up after 0.50 and worked 2.50)" in profile.summary()
+
+
 def test_the_log_says_each_window_and_starts_again_after_a_reset(caplog: pytest.LogCaptureFixture) -> None:
     logger = logging.getLogger("test-step-profile")
     profile_log = ProfileLog(logger)

@@ -117,6 +117,22 @@ def test_two_processes_rows_come_as_two_parts(remote: RemoteGrammars) -> None:
     assert not remote.states
 
 
+def test_masks_say_when_the_last_process_took_the_step_up_and_how_long_it_worked(remote: RemoteGrammars) -> None:
+    start_digits(remote, "p")
+    before = time.perf_counter()
+    fill = remote.begin_masks(["p"])
+    assert fill is not None
+    time.sleep(0.05)  # the loop's own work meanwhile (the step before's outputs)
+    masks = remote.end_masks(fill)
+    after = time.perf_counter()
+    assert masks.process_times is not None
+    started, worked = masks.process_times
+    # One clock for both processes: the child's times fall inside the loop's.
+    assert 0 < started and 0 < worked and started + worked <= after - before
+    assert masks.waited <= after - before - 0.05
+    remote.drop("p")
+
+
 def test_a_dead_child_is_replaced_and_only_its_requests_end(monkeypatch: pytest.MonkeyPatch) -> None:
     grammars = RemoteGrammars(VOCAB, max_rows=4, lanes=1, shards=2)
     digit = load_tokenizer().encode("7")[0]
