@@ -58,12 +58,14 @@ ENV = "OSSERVE_GRAMMAR_PROCESS"  # "1": in a process of their own, "0": in the e
 # the step before's tokens, then the masks) took ~3.5 ms at 256 JSON rows on an H100 host
 # (2026-11-27, benchmarks/diag/grammar_loop.py), longer than the loop's own work it hides behind
 # (turning the step before's tokens into deltas, ~1.5 ms), and it is mostly Python under one GIL:
-# more lanes did not shorten it (8 lanes: longer), more processes do. With 2 the loop waited
-# 0.13 ms for them, with 4 0.15; serving with a schema on every request (c=256) lost 21.2% of its
-# output with the grammars in the engine's process, 9.2% with 4 processes and 7.4% with 2, in one
-# call, and 5.1-5.2% with 2 against 6.7-12.9% in another (BENCHMARKS.md). So 2 (1 on a host of
-# under 8 cores). OSSERVE_GRAMMAR_SHARDS overrides.
-SHARDS = int(os.environ.get("OSSERVE_GRAMMAR_SHARDS", 0)) or max(1, min(2, (os.cpu_count() or 2) // 4))
+# more lanes did not shorten it (8 lanes: longer), more processes do. Serving at c=256 with a
+# schema on every request (H100s, 2026-11-27, three calls on two machines, 2 and 4 in each; the
+# `engine:` log's windows of 240-250 requests), the last process to reply worked 2.3-2.8 ms a step
+# with 2 and 1.5-2.0 with 4, and the loop waited 1.3-1.6 ms for them against 0.5-0.8; json against plain: median
+# −8.7% (−5.0% to −13.1%) with 2, −5.6% (−2.0% to −9.6%, and once −18.4%) with 4 (BENCHMARKS.md,
+# "Structured outputs"). So 4, one for each 4 cores (1 on a host of under 8).
+# OSSERVE_GRAMMAR_SHARDS overrides.
+SHARDS = int(os.environ.get("OSSERVE_GRAMMAR_SHARDS", 0)) or max(1, min(4, (os.cpu_count() or 2) // 4))
 
 
 def in_own_process(cuda: bool) -> bool:
