@@ -61,9 +61,9 @@ ENV = "OSSERVE_GRAMMAR_PROCESS"  # "1": in a process of their own, "0": in the e
 # more lanes did not shorten it (8 lanes: longer), more processes do. Serving at c=256 with a
 # schema on every request (H100s, 2026-11-27, three calls on two machines, 2 and 4 in each; the
 # `engine:` log's windows of 240-250 requests), the last process to reply worked 2.3-2.8 ms a step
-# with 2 and 1.5-2.0 with 4, and the loop waited 1.3-1.6 ms for them against 0.5-0.8; json against plain: median
-# −8.7% (−5.0% to −13.1%) with 2, −5.6% (−2.0% to −9.6%, and once −18.4%) with 4 (BENCHMARKS.md,
-# "Structured outputs"). So 4, one for each 4 cores (1 on a host of under 8).
+# with 2 and 1.5-2.0 with 4, and the loop waited 1.3-1.6 ms for them against 0.5-0.8. Json against
+# plain: median −8.7% (−5.0% to −13.1%) with 2, −5.6% (−2.0% to −9.6%, once −18.4%) with 4
+# (BENCHMARKS.md, "Structured outputs"). So 4, one for each 4 cores (1 on a host of under 8).
 # OSSERVE_GRAMMAR_SHARDS overrides.
 SHARDS = int(os.environ.get("OSSERVE_GRAMMAR_SHARDS", 0)) or max(1, min(4, (os.cpu_count() or 2) // 4))
 
