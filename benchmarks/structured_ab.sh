@@ -67,7 +67,6 @@ for threads in $MASK_THREADS; do
         printf "| %s | %s | %s | %s | %s | %s | %s |\n" "$tree" "$threads" "$run" "$tok" "$ttft" "$first" "$failed" \
             >> "$TABLE"
     done
-    grep "engine: " "$log" | tail -1
     kill $server; wait $server 2>/dev/null
     sleep 3  # the port and the GPU's memory free again
 done

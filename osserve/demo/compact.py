@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+from typing import Any
 
 import torch
 from safetensors import safe_open
@@ -63,16 +64,22 @@ def expand_compact(path: str | Path, out_dir: str | Path) -> Path:
         full = torch.zeros(config["vocab_size"], rows.shape[1], dtype=rows.dtype)
         full[vocab] = rows
         tensors[name] = full
+    return write_folder(out_dir, config, tensors)
+
+
+def write_folder(out_dir: str | Path, config: dict[str, Any], tensors: dict[str, torch.Tensor]) -> Path:
+    """config.json + model.safetensors in out_dir, the tensors' file renamed into place last: a
+    folder that has it is whole. Each file is written under a name of this process's, then renamed:
+    two processes expanding at once (two servers, two test runs on a fresh machine) each write
+    whole files, and a reader never sees half."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    # Each file under a name of this process's, then renamed: two processes expanding at once (two
-    # servers, two test runs on a fresh machine) each write whole files, and a reader never sees half.
-    tmp = out / f"{SINGLE_FILE}.{os.getpid()}.tmp"
-    save_file(tensors, str(tmp), metadata={"format": "pt"})
     config_tmp = out / f"config.json.{os.getpid()}.tmp"
     config_tmp.write_text(json.dumps(config, indent=2) + "\n")
     os.replace(config_tmp, out / "config.json")
-    os.replace(tmp, out / SINGLE_FILE)  # last: a folder with model.safetensors is complete
+    tmp = out / f"{SINGLE_FILE}.{os.getpid()}.tmp"
+    save_file(tensors, str(tmp), metadata={"format": "pt"})
+    os.replace(tmp, out / SINGLE_FILE)
     return out
 
 

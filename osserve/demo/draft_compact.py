@@ -6,12 +6,13 @@ them to the full vocabulary) and it shares the target's embedding, so the file i
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import torch
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
+
+from osserve.demo.compact import write_folder
 
 
 def save_draft(tensors: dict[str, torch.Tensor], config: dict[str, object], path: str | Path,
@@ -27,13 +28,4 @@ def expand_draft(path: str | Path, out_dir: str | Path) -> Path:
     """config.json + model.safetensors in out_dir (the last written last: a folder that has it is whole)."""
     with safe_open(str(path), framework="pt") as f:
         config = json.loads(f.metadata()["config"])
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    # As expand_compact: this process's names, then renamed (several may expand at once).
-    config_tmp = out / f"config.json.{os.getpid()}.tmp"
-    config_tmp.write_text(json.dumps(config, indent=2) + "\n")
-    os.replace(config_tmp, out / "config.json")
-    tmp = out / f"model.safetensors.{os.getpid()}.tmp"
-    save_file(load_file(str(path)), str(tmp), metadata={"format": "pt"})
-    os.replace(tmp, out / "model.safetensors")
-    return out
+    return write_folder(out_dir, config, load_file(str(path)))
