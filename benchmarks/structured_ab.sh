@@ -13,7 +13,9 @@
 # After each round: the engine's log windows of that round, and each server process's share of a core
 # over it (benchmarks/diag/process_cpu.py: the engine, the HTTP servers, the grammar processes).
 # DIAG_PATH=DIR goes first on the server's PYTHONPATH: a sitecustomize of benchmarks/diag (e.g.
-# gpu_timeline, with its OSSERVE_GPU_TIMELINE) then runs in its processes.
+# gpu_timeline, with its OSSERVE_GPU_TIMELINE; gc_time, whose engine lines each round prints) then
+# runs in its processes. PROBE_CPU=C runs benchmarks/diag/host_probe.py on CPU C beside each round
+# (whether the round slows other Python on the host) and prints its line.
 # Tables printed last.
 # TREES="DIR ..." serves each directory's code in turn (e.g. `git archive OLD | tar -x -C .ab/OLD`,
 # carried): a same-machine comparison across commits. ENDPOINT=completions sends raw completions
@@ -49,6 +51,7 @@ for threads in $MASK_THREADS; do
         round=$((round + 1))
         logged=$(wc -l < "$log")
         python3 benchmarks/diag/process_cpu.py snapshot $server > /tmp/cpu-before.json
+        if [ -n "${PROBE_CPU:-}" ]; then taskset -c "$PROBE_CPU" python3 benchmarks/diag/host_probe.py > /tmp/probe.txt & probe=$!; fi
         extra=(); [ "$run" = json ] && extra=(--json-schema /tmp/schema.json)
         [ "$run" = nomax ] && extra=(--json-schema /tmp/schema-nomax.json)
         prompt=$PROMPT; [ "$run" = long ] && prompt=$LONG_PROMPT
@@ -57,8 +60,11 @@ for threads in $MASK_THREADS; do
             --prompt "$prompt" "${extra[@]}" \
             --output-json "$OUT/serve-$threads-$run.json")
         python3 benchmarks/diag/process_cpu.py snapshot $server > /tmp/cpu-after.json
+        [ -n "${PROBE_CPU:-}" ] && { kill -INT $probe; wait $probe; }
         echo "== round $round ($tree, threads $threads): $run"
         tail -n +"$((logged + 1))" "$log" | grep "engine: " | sed 's/^.* INFO osserve: //'
+        tail -n +"$((logged + 1))" "$log" | grep "^gc: osserve-engine"
+        [ -n "${PROBE_CPU:-}" ] && cat /tmp/probe.txt
         python3 benchmarks/diag/process_cpu.py diff /tmp/cpu-before.json /tmp/cpu-after.json | head -8
         tok=$(echo "$result" | grep "output token throughput" | grep -oE "[0-9]+\.[0-9]+" | head -1)
         ttft=$(echo "$result" | grep "TTFT ms" | grep -oE "[0-9]+\.[0-9]+" | sed -n 2,4p | tr '\n' ' ')
