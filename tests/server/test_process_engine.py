@@ -4,6 +4,7 @@ start says why."""
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -43,6 +44,23 @@ def test_answers_stream_and_usage(base: str) -> None:
     assert r.choices[0].message.content == "21 + 34 = 55." and r.usage and r.usage.completion_tokens > 10
     chunks = list(c.chat.completions.create(model=MODEL, messages=msgs, temperature=0, stream=True))  # type: ignore[arg-type]
     assert "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices) == "21 + 34 = 55."
+
+
+def test_a_schema_bound_answer_streams_whole(base: str) -> None:
+    """A schema-bound answer through the engine's process: streamed, the same valid JSON as whole,
+    its reasoning too."""
+    c = OpenAI(base_url=base + "/v1", api_key="x")
+    msgs = [{"role": "user", "content": "What is 37 + 45?"}]
+    fmt = {"type": "json_schema", "json_schema": {"name": "sum", "strict": True, "schema": {
+        "type": "object", "properties": {"answer": {"type": "integer"}}, "required": ["answer"],
+        "additionalProperties": False}}}
+    kw = {"model": MODEL, "messages": msgs, "temperature": 0, "response_format": fmt, "max_tokens": 200}
+    whole = c.chat.completions.create(**kw)  # type: ignore[call-overload]
+    chunks = list(c.chat.completions.create(**kw, stream=True))  # type: ignore[call-overload]
+    content = "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices)
+    reasoning = "".join(getattr(ch.choices[0].delta, "reasoning_content", None) or "" for ch in chunks if ch.choices)
+    assert set(json.loads(content)) == {"answer"} and content == whole.choices[0].message.content
+    assert reasoning and reasoning == getattr(whole.choices[0].message, "reasoning_content", None)
 
 
 def test_bad_input_is_a_400_and_the_engine_lives_on(base: str, engine: ProcessEngine) -> None:
