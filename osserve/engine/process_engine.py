@@ -162,8 +162,8 @@ def _engine_main(args: EngineArgs, links: ServerLinks) -> None:
     gc.collect()
     gc.freeze()
     # What the loop allocates and keeps a while (requests' state, deltas on their way) made Python's
-    # threshold of 700 collect ~170 times a second at 256 streams, with a full pass (3-7 ms, every
-    # live request's state) ~1.5 times a second: 2.5-3.5% of the loop's time (H100, 2026-11-27,
+    # threshold of 700 collect ~170 times a second at 256 streams, with a full pass (up to 7 ms, every
+    # live request's state) ~1.5 times a second: 1.5-3.5% of the loop's time (H100, 2026-11-27,
     # benchmarks/diag/gc_time). The collector's count (container objects allocated, net of those
     # freed) stayed under 20,000 there: no collection ran over rounds of 1,024 requests. Garbage in
     # cycles is still collected once that many objects are waiting.
