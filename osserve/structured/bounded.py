@@ -57,6 +57,11 @@ class Bounded:
         """Whether the fast matcher fills the next mask: inside the answer, not inside an escape."""
         return self.cursor is not None and not self.cursor.escape
 
+    def position_key(self) -> bytes | None:
+        """Where the fast matcher's next mask is one shared by position (JsonCursor.position_key),
+        its key; None: the fast matcher fills it, or the bounded grammar does."""
+        return self.cursor.position_key() if self.fills and self.cursor is not None else None
+
     @property
     def done(self) -> bool:
         return self.cursor is not None and self.cursor.ended

@@ -15,6 +15,13 @@ bounds forbid:
   few tokens with a long enough quoted run are tried on a copy of the cursor.
 Mid-escape (a token ended inside `\\u00e9`) the row is left to the grammar with bounds
 (bounded.Bounded.fills).
+
+JsonCursor.position_key names where the answer stands when, inside a value string, the grammar
+without bounds allows the same tokens whatever the string holds so far: the string's own
+characters are free (its bound stripped, no minLength), the last token ended on a character
+boundary outside any escape, and what may follow the string is fixed by the path to it (each
+object's keys so far, each array's index). Rows at one such position share one mask
+(matchers.Grammars), as free text's rows do.
 """
 
 from __future__ import annotations
@@ -52,6 +59,24 @@ class Frame:
     is_object: bool
     key: str | None = None  # an object's key whose value comes next (None: a key comes next)
     index: int = 0  # an array's item
+    keys: tuple[str, ...] = ()  # an object's keys so far, in order (the current one included)
+
+    def position(self) -> tuple[Any, ...] | None:
+        """This frame's part of a position key (JsonCursor.position_key), or None where the
+        grammar's continuations could vary without end: an object that allows other keys. An
+        array's index counts only below the last index its schema treats apart (its prefixItems,
+        minItems, maxItems); past it every item is alike."""
+        schema = self.schema if isinstance(self.schema, dict) else {}
+        if self.is_object:
+            if schema.get("additionalProperties", True) is not False:
+                return None
+            return ("o", self.keys)
+        apart = max(len(schema.get("prefixItems", [])), _count(schema.get("minItems")), _count(schema.get("maxItems")))
+        return ("a", min(self.index, apart))
+
+
+def _count(value: Any) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0
 
 
 @dataclass
@@ -66,6 +91,8 @@ class JsonCursor:
     escape: int = 0  # bytes of an escape still to come: -1 right after the backslash, 1-4 hex digits
     overflow: bool = False  # some string went past its bound (a token that did so is forbidden)
     ended: bool = False  # the root value is complete
+    free_chars: bool = False  # the open string's characters are free (a value string, bound stripped, no minLength)
+    split_char: bool = False  # the last token fed ended inside a character (or held no character's start)
 
     def clone(self) -> JsonCursor:
         """A copy to try a token on (the schemas shared, not copied)."""
@@ -75,6 +102,7 @@ class JsonCursor:
         """feed() a token of runs' vocabulary, without its byte loop where the token cannot change
         more than the open string's count: text inside a value string, or bytes between values
         that open or close nothing (digits, spaces, `:`)."""
+        self.split_char = bool(runs.ends_split[token])
         if self.in_string:
             chars = runs.plain_chars[token]
             if chars >= 0 and not self.escape and not self.is_key:
@@ -83,6 +111,19 @@ class JsonCursor:
         elif runs.inert[token]:
             return
         self.feed(runs.vocab[token])
+
+    def position_key(self) -> bytes | None:
+        """The key of the shared mask at this point (module docstring), or None: not inside a
+        value string whose mask depends on its position alone."""
+        if not (self.in_string and self.free_chars) or self.escape or self.split_char or self.ended:
+            return None
+        path = []
+        for frame in self.stack:
+            part = frame.position()
+            if part is None:
+                return None
+            path.append(part)
+        return b"\x00json" + repr(path).encode()  # a channel's name never starts with a NUL
 
     def feed(self, data: bytes) -> None:
         for byte in data:
@@ -114,7 +155,9 @@ class JsonCursor:
             self.in_string, self.chars, self.escape = True, 0, 0
             self.is_key = top is not None and top.is_object and top.key is None
             self.key_bytes.clear()
-            self.bound = None if self.is_key else stripped_bound(self._value_schema())
+            node = None if self.is_key else self._value_schema()
+            self.bound = stripped_bound(node)
+            self.free_chars = self.bound is not None and not (isinstance(node, dict) and node.get("minLength"))
         elif byte in b"{[":
             self.stack.append(Frame(self._value_schema(), byte == ord("{")))
         elif byte in b"}]":
@@ -135,9 +178,11 @@ class JsonCursor:
             self.in_string = False
             if self.is_key and self.stack:
                 try:
-                    self.stack[-1].key = json.loads(b'"' + bytes(self.key_bytes[:-1]) + b'"')
+                    key = json.loads(b'"' + bytes(self.key_bytes[:-1]) + b'"')
                 except ValueError:
-                    self.stack[-1].key = ""
+                    key = ""
+                self.stack[-1].key = key
+                self.stack[-1].keys += (key,)
             elif not self.stack:
                 self.ended = True
         elif starts:
@@ -163,6 +208,7 @@ class TokenRuns:
     later_outside: np.ndarray
     plain_chars: list[int] = field(repr=False)  # its characters where it holds no quote or backslash, else -1
     inert: bytes = field(repr=False)  # 1 where it holds none of STRUCTURE: outside a string it changes nothing
+    ends_split: bytes = field(repr=False)  # 1 where its last character is cut short, or it starts none
     _suspects: dict[tuple[bool, int], np.ndarray] = field(default_factory=dict, repr=False, compare=False)
 
     @functools.cached_property
@@ -213,7 +259,17 @@ def token_runs(vocab: list[bytes]) -> TokenRuns:
         first[t], later_in[t] = _runs(data, inside=True)
         _, later_out[t] = _runs(data, inside=False)
     inert = bytes(STRUCTURE.isdisjoint(data) for data in vocab)
-    return TokenRuns(vocab, first, later_in, later_out, plain_chars, inert)
+    return TokenRuns(vocab, first, later_in, later_out, plain_chars, inert, bytes(map(_ends_split, vocab)))
+
+
+def _ends_split(data: bytes) -> bool:
+    """Whether the bytes end inside a UTF-8 character: its lead byte announces more bytes than
+    follow it, or no byte starts a character at all (the state after them depends on before)."""
+    for back, byte in enumerate(reversed(data)):
+        if byte & 0xC0 != 0x80:  # the last character's first byte
+            size = 1 if byte < 0x80 else 2 if byte < 0xE0 else 3 if byte < 0xF0 else 4
+            return size > back + 1
+    return True
 
 
 def _runs(data: bytes, inside: bool) -> tuple[int, int]:

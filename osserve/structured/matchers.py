@@ -22,7 +22,11 @@ reach the matcher in one call when the row next needs it, and a finished grammar
 
 A JSON-schema answer whose strings' maxLength can be taken out of the grammar (length_bounds.py)
 gets a second matcher, of the grammar without them, which fills its masks; its JsonCursor then
-clears the tokens that would overflow a bound (bounded.py). The first matcher, with the bounds,
+clears the tokens that would overflow a bound (bounded.py). Inside a value string whose characters
+are free, that matcher's mask depends on the string's position in the answer alone: rows there take
+their position's shared mask (JsonCursor.position_key), learnt from the first fill there, and their
+overflows are cleared on their copy (on the CPU, bench_masks' json turn: 0.18 -> 0.05 ms a row
+there, benchmarks/diag/fill_by_state.py). The first matcher, with the bounds,
 still judges every token (those drawn from the fast matcher's masks in one call, when next it fills
 a mask or the answer ends), and fills the mask where the cursor cannot tell (inside an escape). The
 fast matcher is fed its tokens in the mask thread of its lane, just before it fills the row's mask:
@@ -66,6 +70,9 @@ MASK_THREADS = int(os.environ.get("OSSERVE_MASK_THREADS", 0)) or max(1, min(2, (
 MaskBits = torch.Tensor | list[torch.Tensor]
 
 STOPPED = b""  # the key of a finished grammar's mask (a free channel's key is its name, never empty)
+# A grammar's shared masks at positions inside a JSON answer's value strings (JsonCursor.position_key,
+# keys starting with a NUL), at most: 25 KB each, kept with the compiled grammar.
+POSITION_MASKS = 16
 
 
 @dataclass
@@ -92,6 +99,7 @@ class MaskFill:
     fast: dict[int, Bounded]
     futures: list[Future[list[int]]]  # each lane's: the slots whose fast matcher rejected a token
     elsewhere: bool = False  # filled by another process (grammar_process.py): the fields above are unused
+    cleared: dict[int, Bounded] = field(default_factory=dict)  # shared rows of bounded answers, by slot
 
     @property
     def in_background(self) -> bool:
@@ -222,9 +230,10 @@ class Grammars:
                     state.bounded = bounded = None  # the bounded grammar alone from now
                 elif bounded.fills:
                     # Inside the answer, where no free channel is: the fast matcher fills the next
-                    # mask, and the matcher may wait.
+                    # mask, or inside a value string its position's shared one does; the matcher
+                    # may wait.
                     state.behind.append(token)
-                    state.key = None
+                    state.key = bounded.position_key() if self.shared_masks else None
                     continue
             channel = None
             if free is not None and free.phase is not Phase.OFF:
@@ -271,7 +280,8 @@ class Grammars:
         the shared masks are copied here meanwhile; end_masks waits for the rest. Between the two
         the caller may do other work, but must not feed the matchers (None: no row is constrained)."""
         filled: list[tuple[int, GrammarState]] = []  # (row, state): llguidance fills these
-        shared: list[tuple[int, torch.Tensor]] = []  # (row, the grammar's shared mask)
+        shared: list[tuple[int, torch.Tensor, Bounded | None]] = []  # (row, the grammar's shared mask, a
+        # bounded answer's state where the mask is its position's: its overflows are cleared after)
         for row, rid in enumerate(request_ids):
             state = self.states.get(rid)
             if state is None or state.failed is not None:
@@ -280,7 +290,8 @@ class Grammars:
             if mask is None:
                 filled.append((row, state))
             else:
-                shared.append((row, mask))
+                bounded = state.bounded
+                shared.append((row, mask, bounded if bounded is not None and bounded.fills else None))
         n = len(filled) + len(shared)
         if not n:
             return None
@@ -313,11 +324,15 @@ class Grammars:
         # row mostly holds the same mask as the step before (and is not copied again).
         shared.sort(key=lambda row_mask: id(row_mask[1]))
         holds = self._holds
-        for slot, (_, mask) in enumerate(shared, len(filled)):
+        cleared: dict[int, Bounded] = {}
+        for slot, (_, mask, bounded) in enumerate(shared, len(filled)):
             if holds[slot] is not mask:
                 bits[slot].copy_(mask)
                 holds[slot] = mask
-        return MaskFill([row for row, _ in filled] + [row for row, _ in shared], bits, filled, fast, futures)
+            if bounded is not None:
+                cleared[slot] = bounded
+        return MaskFill([row for row, _ in filled] + [row for row, _, _ in shared], bits, filled, fast, futures,
+                        cleared=cleared)
 
     def _fill(self, lane: int, matchers: list[tuple[LLMatcher, int]], bits: torch.Tensor,
               feeds: list[tuple[LLMatcher, list[int], int]]) -> list[int]:
@@ -351,10 +366,14 @@ class Grammars:
         for slot in rejected:
             self._refill(slot, filled[slot][1], fill)
         rows = bits.numpy()  # numpy rows: torch's indexing costs microseconds a row
-        runs = vocabulary_runs() if fill.fast else None
-        for slot, bounded in fill.fast.items():
+        # A fast matcher's mask at a shared position, learnt before its row's overflows are cleared.
+        learnt = {slot: bits[slot].clone() for slot in fill.fast if self._learns(filled[slot][1])}
+        runs = vocabulary_runs() if fill.fast or fill.cleared else None
+        for slot, bounded in (*fill.fast.items(), *fill.cleared.items()):
             assert runs is not None and bounded.cursor is not None
             runs.clear_overflows(bounded.cursor, rows[slot], bounded.answer.bounds.smallest)
+        for slot in fill.cleared:
+            self._holds[slot] = None  # it no longer holds the shared mask as it is
         dead = []
         if filled:
             nonempty = _nonempty(rows[: len(filled)])
@@ -364,15 +383,27 @@ class Grammars:
                     state.failed = "the output grammar allows no next token" + (
                         f": {state.matcher.get_error()}" if state.matcher.is_error() else "")
                     dead.append(row)
-                elif state.key is not None and state.key not in state.masks:  # learnt: the grammar's mask there
-                    state.masks[state.key] = bits[slot].clone()
+                elif slot in learnt:
+                    state.masks[state.key] = learnt[slot]  # type: ignore[index]
+                elif slot not in fill.fast and self._learns(state):  # learnt: the grammar's mask there
+                    state.masks[state.key] = bits[slot].clone()  # type: ignore[index]
         return StepMasks(fill.rows, bits, dead, waited)
+
+    @staticmethod
+    def _learns(state: GrammarState) -> bool:
+        """Whether the mask filled for the state's key is to be kept as that key's shared mask: not
+        known yet, and (a position's) within POSITION_MASKS of its grammar."""
+        key = state.key
+        if key is None or key in state.masks:
+            return False
+        return not key.startswith(b"\x00") or sum(k.startswith(b"\x00") for k in state.masks) < POSITION_MASKS
 
     def _refill(self, slot: int, state: GrammarState, fill: MaskFill) -> None:
         """A row whose fast matcher rejected a token (its grammar, without the string bounds, takes
         more than the bounded one, so it should not): the request goes on with the bounded grammar
         alone, which is fed what it has yet to see and fills the row (an error there ends it)."""
         state.bounded = None
+        state.key = None  # not the fast matcher's position any more: nothing to learn
         fill.fast.pop(slot)
         behind, state.behind = state.behind, []
         if not behind or state.matcher.consume_tokens(behind):

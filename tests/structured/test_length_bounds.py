@@ -4,7 +4,7 @@ schema with its bounds: random walks through bounded schemas over the real harmo
 batch stepped together through one Grammars, each row's mask compared every step with a separate
 matcher of the bounded grammar. The draws favour quotes, backslashes and split characters, so the
 walks write escapes, multi-byte characters, strings at their bound and tokens that close one
-string and open the next."""
+string and open the next, and rows inside value strings take their position's shared mask."""
 
 from __future__ import annotations
 
@@ -198,6 +198,9 @@ def test_bounded_masks_equal_llguidance_masks_with_the_bounds(seed: int, lanes: 
                 seen["escape"] += 1
             elif cursor is not None and cursor.remaining is not None:
                 seen["near the bound" if cursor.remaining < 3 else "in a bounded string"] += 1
+            key = grammars.states[rid].key
+            if key is not None and key.startswith(b"\x00") and key in grammars.states[rid].masks:
+                seen["a position's shared mask"] += 1  # JsonCursor.position_key: not llguidance's fill
         step = grammars.masks(rids)
         assert step is not None and not step.dead
         slots = {row: slot for slot, row in enumerate(step.rows)}
@@ -225,7 +228,7 @@ def test_bounded_masks_equal_llguidance_masks_with_the_bounds(seed: int, lanes: 
                 del walks[rid]
                 begin(next_case)
                 next_case = (next_case + 1) % len(CASES)
-    for kind in ("escape", "near the bound", "in a bounded string", "ended"):
+    for kind in ("escape", "near the bound", "in a bounded string", "ended", "a position's shared mask"):
         assert seen[kind] >= 5, (kind, seen)
 
 
