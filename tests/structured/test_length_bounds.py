@@ -383,3 +383,41 @@ def test_a_fast_matcher_that_rejects_leaves_its_row_to_the_bounded_grammar() -> 
         assert not grammars.accept({"r": token})
         assert reference.consume_token(token)
     assert state.matcher.is_accepting()
+
+
+def test_a_grammar_keeps_at_most_its_share_of_position_masks() -> None:
+    """Rows inside value strings share their position's mask (JsonCursor.position_key), each kept
+    with the compiled grammar: at most POSITION_MASKS of them, past which the fast matcher fills
+    those rows as before, and every mask is still llguidance's own."""
+    from llguidance import LLMatcher
+    from llguidance.torch import fill_next_token_bitmask
+
+    from osserve.structured.grammar import check
+    from osserve.structured.matchers import POSITION_MASKS
+
+    names = [f"p{i}" for i in range(POSITION_MASKS + 4)]
+    schema = {"type": "object", "additionalProperties": False, "required": names,
+              "properties": {name: {"type": "string", "maxLength": 6} for name in names}}
+    spec = StructuredOutputs(json_schema=schema)  # a raw completion: the answer from the first token
+    text = check(spec)
+    assert text is not None
+    grammars = Grammars(load_tokenizer().vocab_size, lanes=1)
+    reference = LLMatcher(harmony_lltokenizer(), LLMatcher.grammar_from_lark(text), log_level=0)
+    expected = torch.empty(1, grammars.words, dtype=torch.int32)
+    tokens = load_tokenizer().encoding.encode(json.dumps(dict.fromkeys(names, "abcdef")), allowed_special=set())
+    shared = 0
+    for rid in ("first", "second"):  # the second meets the positions the first learnt
+        grammars.start(rid, text, {}, bounded_answer(spec, None))
+        assert grammars.ready(wait=True) == [(rid, None)]
+        ref = reference.deep_copy()
+        state = grammars.states[rid]
+        for token in tokens:
+            shared += state.key is not None and state.key in state.masks
+            step = grammars.masks([rid])
+            assert step is not None and not step.dead
+            fill_next_token_bitmask(ref, expected)
+            assert torch.equal(step.bits[0], expected[0])
+            assert not grammars.accept({rid: token}) and ref.consume_token(token)
+        grammars.drop(rid)
+    assert sum(k.startswith(b"\x00") for k in state.masks) == POSITION_MASKS
+    assert shared >= POSITION_MASKS
