@@ -38,6 +38,7 @@ from osserve.structured.vocabulary import token_bytes
 
 QUOTE, BACKSLASH = 0x22, 0x5C
 STRUCTURE = frozenset(b'"{}[],')  # the bytes JsonCursor reacts to outside a string
+POSITION = b"\x00json"  # how a position key starts (JsonCursor.position_key; a channel's name never has a NUL)
 
 
 def string_byte(escape: int, byte: int) -> tuple[int, bool, bool]:
@@ -91,7 +92,7 @@ class JsonCursor:
     escape: int = 0  # bytes of an escape still to come: -1 right after the backslash, 1-4 hex digits
     overflow: bool = False  # some string went past its bound (a token that did so is forbidden)
     ended: bool = False  # the root value is complete
-    free_chars: bool = False  # the open string's characters are free (a value string, bound stripped, no minLength)
+    string_key: bytes | None = None  # the open string's position key, where its mask depends on that alone
     split_char: bool = False  # the last token fed ended inside a character (or held no character's start)
 
     def clone(self) -> JsonCursor:
@@ -114,8 +115,17 @@ class JsonCursor:
 
     def position_key(self) -> bytes | None:
         """The key of the shared mask at this point (module docstring), or None: not inside a
-        value string whose mask depends on its position alone."""
-        if not (self.in_string and self.free_chars) or self.escape or self.split_char or self.ended:
+        value string whose mask depends on its position alone, or not at a character boundary
+        outside an escape there."""
+        if not self.in_string or self.escape or self.split_char:
+            return None
+        return self.string_key
+
+    def _string_key(self, node: Any) -> bytes | None:
+        """A value string's position key as it opens (its path is fixed until it closes), or None:
+        its characters are not free (a bound kept, a minLength) or its path's continuations vary
+        without end (Frame.position)."""
+        if self.bound is None or isinstance(node, dict) and node.get("minLength"):
             return None
         path = []
         for frame in self.stack:
@@ -123,7 +133,7 @@ class JsonCursor:
             if part is None:
                 return None
             path.append(part)
-        return b"\x00json" + repr(path).encode()  # a channel's name never starts with a NUL
+        return POSITION + repr(path).encode()
 
     def feed(self, data: bytes) -> None:
         for byte in data:
@@ -157,7 +167,7 @@ class JsonCursor:
             self.key_bytes.clear()
             node = None if self.is_key else self._value_schema()
             self.bound = stripped_bound(node)
-            self.free_chars = self.bound is not None and not (isinstance(node, dict) and node.get("minLength"))
+            self.string_key = self._string_key(node)
         elif byte in b"{[":
             self.stack.append(Frame(self._value_schema(), byte == ord("{")))
         elif byte in b"}]":

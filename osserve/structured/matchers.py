@@ -48,7 +48,7 @@ from osserve.structured.bounded import Bounded
 from osserve.structured.compiling import Copies, GrammarCompiler, Prepared
 from osserve.structured.free_text import FreeText, Phase
 from osserve.structured.grammar import BoundedAnswer
-from osserve.structured.json_cursor import JsonCursor, vocabulary_runs
+from osserve.structured.json_cursor import POSITION, JsonCursor, vocabulary_runs
 from osserve.structured.spec import StructuredOutputs
 from osserve.structured.vocabulary import token_bytes, utf8_shapes
 
@@ -71,7 +71,7 @@ MaskBits = torch.Tensor | list[torch.Tensor]
 
 STOPPED = b""  # the key of a finished grammar's mask (a free channel's key is its name, never empty)
 # A grammar's shared masks at positions inside a JSON answer's value strings (JsonCursor.position_key,
-# keys starting with a NUL), at most: 25 KB each, kept with the compiled grammar.
+# keys starting with json_cursor.POSITION), at most: 25 KB each, kept with the compiled grammar.
 POSITION_MASKS = 16
 
 
@@ -396,7 +396,7 @@ class Grammars:
         key = state.key
         if key is None or key in state.masks:
             return False
-        return not key.startswith(b"\x00") or sum(k.startswith(b"\x00") for k in state.masks) < POSITION_MASKS
+        return not key.startswith(POSITION) or sum(k.startswith(POSITION) for k in state.masks) < POSITION_MASKS
 
     def _refill(self, slot: int, state: GrammarState, fill: MaskFill) -> None:
         """A row whose fast matcher rejected a token (its grammar, without the string bounds, takes

@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from osserve.structured.grammar import bounded_answer, free_channels, grammar_text
-from osserve.structured.json_cursor import JsonCursor, _runs, vocabulary_runs
+from osserve.structured.json_cursor import POSITION, JsonCursor, _runs, vocabulary_runs
 from osserve.structured.length_bounds import split, stripped_bound
 from osserve.structured.matchers import Grammars
 from osserve.structured.spec import StructuredOutputs
@@ -199,7 +199,7 @@ def test_bounded_masks_equal_llguidance_masks_with_the_bounds(seed: int, lanes: 
             elif cursor is not None and cursor.remaining is not None:
                 seen["near the bound" if cursor.remaining < 3 else "in a bounded string"] += 1
             key = grammars.states[rid].key
-            if key is not None and key.startswith(b"\x00") and key in grammars.states[rid].masks:
+            if key is not None and key.startswith(POSITION) and key in grammars.states[rid].masks:
                 seen["a position's shared mask"] += 1  # JsonCursor.position_key: not llguidance's fill
         step = grammars.masks(rids)
         assert step is not None and not step.dead
@@ -419,5 +419,5 @@ def test_a_grammar_keeps_at_most_its_share_of_position_masks() -> None:
             assert torch.equal(step.bits[0], expected[0])
             assert not grammars.accept({rid: token}) and ref.consume_token(token)
         grammars.drop(rid)
-    assert sum(k.startswith(b"\x00") for k in state.masks) == POSITION_MASKS
+    assert sum(k.startswith(POSITION) for k in state.masks) == POSITION_MASKS
     assert shared >= POSITION_MASKS
