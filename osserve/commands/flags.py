@@ -64,8 +64,9 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
                         "--long-prefill-token-threshold and SGLang's --chunked-prefill-size, which cap prompt "
                         "tokens whatever is decoding")
     g.add_argument("--decode-first-min-decodes", type=int, metavar="M", default=None,
-                   help="the decoding requests from which --decode-first-chunk applies (default 32); with "
-                        "fewer, prompts take whatever of the step the decodes leave")
+                   help="the decoding requests from which --decode-first-chunk applies (default: three "
+                        "quarters of --max-num-seqs, 192 of 256); with fewer, prompts take whatever of the step "
+                        "the decodes leave")
     g.add_argument("--no-decode-first", action="store_true",
                    help="no decode-first rule: prompts and decodes share --max-num-batched-tokens in arrival "
                         "order (the same as --decode-first-chunk 0)")

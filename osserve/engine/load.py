@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from osserve.config import CacheConfig, ModelConfig, SchedulerConfig, preset
+from osserve.config import DECODE_FIRST_SHARE, CacheConfig, ModelConfig, SchedulerConfig, preset
 from osserve.distributed.layout import ParallelConfig, ShardLayout
 from osserve.engine.compile_log import CompileLog
 from osserve.engine.core import decode_first
@@ -362,17 +362,20 @@ def scheduler_config(args: EngineArgs, cfg: ModelConfig, device: torch.device, c
     if not args.max_num_batched_tokens and device.type == "cuda":
         budget = default_batched_tokens(cfg, cache, dtype, device_memory(device).total, ranks)
     chunk = defaults.decode_first_chunk if args.decode_first_chunk is None else args.decode_first_chunk
+    # A CPU runs the tiny model: a smaller running set keeps each step's latency low.
+    max_num_seqs = args.max_num_seqs or (defaults.max_num_seqs if device.type == "cuda" else 32)
+    min_decodes = args.decode_first_min_decodes
+    if min_decodes is None:  # a share of the running set (config.DECODE_FIRST_SHARE)
+        min_decodes = max(1, round(max_num_seqs * DECODE_FIRST_SHARE))
     return SchedulerConfig(
-        # A CPU runs the tiny model: a smaller running set keeps each step's latency low.
-        max_num_seqs=args.max_num_seqs or (defaults.max_num_seqs if device.type == "cuda" else 32),
+        max_num_seqs=max_num_seqs,
         max_num_batched_tokens=budget,
         max_model_len=args.max_model_len or min(cfg.max_position_embeddings, 8192 if device.type == "cpu" else 32768),
         admission_delay_s=args.admission_delay_ms / 1000,
         async_scheduling=not args.no_async_scheduling,
         async_prefill=not args.no_async_prefill,
         decode_first_chunk=0 if args.no_decode_first else chunk,
-        decode_first_min_decodes=defaults.decode_first_min_decodes if args.decode_first_min_decodes is None
-        else args.decode_first_min_decodes,
+        decode_first_min_decodes=min_decodes,
     )
 
 
