@@ -259,6 +259,11 @@ PRESETS = ("tiny", "20b", "120b")
 DECODE_FIRST_SHARE = 3 / 4
 
 
+def default_min_decodes(max_num_seqs: int) -> int:
+    """Decode-first's min_decodes where none is given: DECODE_FIRST_SHARE of the running set."""
+    return max(1, round(max_num_seqs * DECODE_FIRST_SHARE))
+
+
 @dataclass(frozen=True)
 class CacheConfig:
     """The paged KV cache: block size and how much memory the pool may take."""
@@ -299,8 +304,8 @@ class SchedulerConfig:
     # decode, a step takes at most decode_first_chunk prompt tokens, so their next tokens are not
     # held up behind a long prefill. 0: off (prompts may take the whole step, as before).
     decode_first_chunk: int = 2048
-    # DECODE_FIRST_SHARE of the default max_num_seqs; load.py takes that share of the server's
-    decode_first_min_decodes: int = round(256 * DECODE_FIRST_SHARE)
+    # For the default max_num_seqs; load.py takes default_min_decodes of the server's
+    decode_first_min_decodes: int = default_min_decodes(256)
 
     def __post_init__(self) -> None:
         if self.max_model_len < 3:  # the warm-up's prompts hold a token and leave room for two out

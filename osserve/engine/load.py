@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from osserve.config import DECODE_FIRST_SHARE, CacheConfig, ModelConfig, SchedulerConfig, preset
+from osserve.config import CacheConfig, ModelConfig, SchedulerConfig, default_min_decodes, preset
 from osserve.distributed.layout import ParallelConfig, ShardLayout
 from osserve.engine.compile_log import CompileLog
 from osserve.engine.core import decode_first
@@ -365,8 +365,8 @@ def scheduler_config(args: EngineArgs, cfg: ModelConfig, device: torch.device, c
     # A CPU runs the tiny model: a smaller running set keeps each step's latency low.
     max_num_seqs = args.max_num_seqs or (defaults.max_num_seqs if device.type == "cuda" else 32)
     min_decodes = args.decode_first_min_decodes
-    if min_decodes is None:  # a share of the running set (config.DECODE_FIRST_SHARE)
-        min_decodes = max(1, round(max_num_seqs * DECODE_FIRST_SHARE))
+    if min_decodes is None:
+        min_decodes = default_min_decodes(max_num_seqs)
     return SchedulerConfig(
         max_num_seqs=max_num_seqs,
         max_num_batched_tokens=budget,

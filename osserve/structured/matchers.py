@@ -366,8 +366,9 @@ class Grammars:
         for slot in rejected:
             self._refill(slot, filled[slot][1], fill)
         rows = bits.numpy()  # numpy rows: torch's indexing costs microseconds a row
-        # A fast matcher's mask at a shared position, learnt before its row's overflows are cleared.
-        learnt = {slot: bits[slot].clone() for slot in fill.fast if self._learns(filled[slot][1])}
+        # The masks met for the first time at a shared key (a free channel, a position in the answer),
+        # copied before any row's overflows are cleared: a position's is the fast matcher's own.
+        learnt = {slot: bits[slot].clone() for slot, (_, state) in enumerate(filled) if self._learns(state)}
         runs = vocabulary_runs() if fill.fast or fill.cleared else None
         for slot, bounded in (*fill.fast.items(), *fill.cleared.items()):
             assert runs is not None and bounded.cursor is not None
@@ -383,10 +384,8 @@ class Grammars:
                     state.failed = "the output grammar allows no next token" + (
                         f": {state.matcher.get_error()}" if state.matcher.is_error() else "")
                     dead.append(row)
-                elif slot in learnt:
+                elif slot in learnt:  # the grammar's mask there from now on
                     state.masks[state.key] = learnt[slot]  # type: ignore[index]
-                elif slot not in fill.fast and self._learns(state):  # learnt: the grammar's mask there
-                    state.masks[state.key] = bits[slot].clone()  # type: ignore[index]
         return StepMasks(fill.rows, bits, dead, waited)
 
     @staticmethod
