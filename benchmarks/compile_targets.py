@@ -234,7 +234,7 @@ def moe(sms: int) -> None:
     fused_moe_swapped(torch.empty(1, H, dtype=BF16), weights, ids, prepared, 7.0, min_programs=PROGRAMS_PER_SM * 132)
     weights, ids = _routing(8192)  # prefill without the checkpoint-layout experts (24-40 GB cards)
     fused_moe_triton(torch.empty(8192, H, dtype=BF16), weights, ids, prepared, 7.0)
-    e = 2  # prefill with them (cards of 48 GB and more): each expert dequantised, then cuBLAS
+    e = 2  # prefill with them (cards of 48 GB and more): the layer dequantised, then grouped GEMMs
     u8 = torch.uint8
     experts = ExpertWeights(torch.zeros(e, 2 * I, H // 32, 16, dtype=u8), torch.zeros(e, 2 * I, H // 32, dtype=u8),
                             torch.zeros(e, 2 * I, dtype=BF16), torch.zeros(e, H, I // 32, 16, dtype=u8),

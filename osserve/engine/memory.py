@@ -106,14 +106,15 @@ def kv_budget(device: DeviceMemory, used_now: int, utilization: float, workspace
 
 # The step budget where --max-num-batched-tokens is not given, on a GPU. Measured on one H100 (20b,
 # prefill of 8 x 2048 prompts): 70,909 tok/s with 16384 tokens a step (BENCHMARKS.md), 38-49k with
-# 8192 (issue 38). Above 4096 tokens the MoE takes the dense path (ops/moe/dense.py: every expert
-# dequantised once a step, a host sync per expert), whose fixed cost a 16384-token step spreads over
-# twice the tokens; without the checkpoint-layout experts (keep_checkpoint_experts) there is no dense
-# path and nothing measured to gain. The larger budget keeps 2 GiB more free for its activations: ~4%
-# of the 20b's cache on an 80 GB card (45 GiB as planned), but 23% of the 120b's there (8.79 GiB,
-# 192,128 tokens, measured at --gpu-memory-utilization 0.97; plan_kv_cache gives 140,416 tokens for
-# 2 GiB less). So it is taken where that costs at most LARGE_BUDGET_KV_SHARE of the cache the smaller
-# budget would leave.
+# 8192 (issue 38). Above 4096 tokens the MoE takes the dense path (ops/moe/dense.py: the layer's
+# experts dequantised once a step, then grouped GEMMs), whose fixed cost a 16384-token step spreads
+# over twice the tokens (its grouped GEMMs since 2026-11-27: 77k tok/s against 70k, its bf16 copies ~1
+# GiB more at the step's peak, within the workspace kept free); without the checkpoint-layout experts
+# (keep_checkpoint_experts) there is no dense path and nothing measured to gain. The larger budget
+# keeps 2 GiB more free for its activations: ~4% of the 20b's cache on an 80 GB card (45 GiB as
+# planned), but 23% of the 120b's there (8.79 GiB, 192,128 tokens, measured at
+# --gpu-memory-utilization 0.97; plan_kv_cache gives 140,416 tokens for 2 GiB less). So it is taken
+# where that costs at most LARGE_BUDGET_KV_SHARE of the cache the smaller budget would leave.
 BATCHED_TOKENS = 8192
 LARGE_BATCHED_TOKENS = 16384
 LARGE_BUDGET_KV_SHARE = 0.10

@@ -196,7 +196,8 @@ def test_gluon_small_shapes() -> None:
 
 @pytest.mark.parametrize("num_tokens,mode", [(600, "uniform"), (3000, "skewed"), (3000, "sparse")])
 def test_dense_prefill_path_matches_float32_reference(layer, num_tokens: int, mode: str) -> None:
-    """Whole prompts: per-expert dequantisation + cuBLAS, the one-pass SwiGLU and combine kernels."""
+    """Whole prompts: the layer dequantised once, grouped GEMMs, the one-pass SwiGLU and combine
+    kernels; inside a CUDA graph too (no host read)."""
     from osserve.ops.moe.dense import moe_prefill_dense
 
     experts, _ = layer
@@ -206,6 +207,11 @@ def test_dense_prefill_path_matches_float32_reference(layer, num_tokens: int, mo
     out = moe_prefill_dense(x, weights.bfloat16(), ids, experts, LIMIT)
     assert out.dtype == torch.bfloat16 and out.shape == (num_tokens, HIDDEN)
     assert _rel_err(out, ref) < 1e-2
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = moe_prefill_dense(x, weights.bfloat16(), ids, experts, LIMIT)
+    graph.replay()
+    assert torch.equal(captured, out)
 
 
 @hopper

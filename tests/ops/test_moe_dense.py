@@ -2,36 +2,66 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from osserve.ops.moe.reference import moe_reference
 from tests.ops.moe_fixtures import random_experts, random_routing
 
 
-def test_triton_dequant_and_dense_prefill_path() -> None:
-    from osserve.ops.moe.dense import dequantize_mxfp4_triton, moe_prefill_dense
+def test_triton_dequant_of_a_whole_layer() -> None:
+    from osserve.ops.moe.dense import dequantize_mxfp4_triton
     from osserve.ops.mxfp4.reference import dequantize_mxfp4
 
     torch.manual_seed(5)
     ex = random_experts(4, 64, 64)
     assert torch.equal(dequantize_mxfp4_triton(ex.gate_up_blocks, ex.gate_up_scales, torch.float32),
                        dequantize_mxfp4(ex.gate_up_blocks, ex.gate_up_scales))
-    x = torch.randn(40, 64)
-    w, ids = random_routing(40, 4, 2, "skewed")
+    assert torch.equal(dequantize_mxfp4_triton(ex.down_blocks, ex.down_scales, torch.bfloat16),
+                       dequantize_mxfp4(ex.down_blocks, ex.down_scales, torch.bfloat16))
+
+
+@pytest.mark.parametrize("mode", ["uniform", "skewed", "sparse"])
+def test_dense_prefill_path_matches_reference(mode: str) -> None:
+    """Float32: the grouped GEMMs over rows sorted by expert are moe_reference up to summation
+    order, with experts that get every token (skewed), none (sparse) and one token (T=1)."""
+    from osserve.ops.moe.dense import moe_prefill_dense
+
+    torch.manual_seed(5)
+    ex = random_experts(6, 64, 96)
+    for t in (1, 40):
+        x = torch.randn(t, 64)
+        w, ids = random_routing(t, 6, 2, mode)
+        ref = moe_reference(x, w, ids, ex, 7.0)
+        assert ((moe_prefill_dense(x, w, ids, ex, 7.0) - ref).norm() / ref.norm()).item() < 1e-5, (mode, t)
+
+
+def test_dense_prefill_path_in_bf16_and_empty() -> None:
+    """bf16 as served, with int32 expert ids: within bf16 rounding of the float32 reference; no tokens, no rows."""
+    from osserve.ops.moe.dense import moe_prefill_dense
+
+    torch.manual_seed(8)
+    ex = random_experts(4, 64, 64)
+    x = torch.randn(24, 64)
+    w, ids = random_routing(24, 4, 2, "uniform")
     ref = moe_reference(x, w, ids, ex, 7.0)
-    assert ((moe_prefill_dense(x, w, ids, ex, 7.0) - ref).norm() / ref.norm()).item() < 1e-5
+    out = moe_prefill_dense(x.bfloat16(), w.bfloat16(), ids.int(), ex, 7.0)
+    assert out.dtype == torch.bfloat16
+    assert ((out.float() - ref).norm() / ref.norm()).item() < 2e-2
+    assert moe_prefill_dense(x[:0].bfloat16(), w[:0].bfloat16(), ids[:0], ex, 7.0).shape == (0, 64)
 
 
 def test_swiglu_kernel_matches_reference() -> None:
-    """Interleaved gate/up [N, 2I] + bias -> [N, I] with I not a multiple of the kernel's block,
-    written into rows of a wider buffer; values past the limit on both sides."""
+    """Interleaved gate/up [N, 2I] + each row's expert bias -> [N, I] with I not a multiple of the
+    kernel's block, written into rows of a wider buffer; values past the limit on both sides."""
     from osserve.ops.moe.dense import swiglu_into
     from osserve.ops.moe.reference import swiglu
 
     torch.manual_seed(6)
     h = torch.randn(5, 2 * 1100) * 6
-    bias = torch.randn(2 * 1100)
+    bias = torch.randn(3, 2 * 1100)
+    expert = torch.tensor([2, 0, 2, 1, 0])
     out = torch.full((7, 1100), float("nan"))
-    swiglu_into(h, bias, out[1:6], 7.0)
-    torch.testing.assert_close(out[1:6], swiglu(h + bias, 7.0), rtol=1e-5, atol=1e-5)
+    swiglu_into(h, bias, expert, out[1:6], 7.0)
+    torch.testing.assert_close(out[1:6], swiglu(h + bias[expert], 7.0), rtol=1e-5, atol=1e-5)
     assert out[0].isnan().all() and out[6].isnan().all()

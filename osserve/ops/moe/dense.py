@@ -1,19 +1,20 @@
-"""MoE for prefill-size batches: per expert, dequantise its MXFP4 weights once (a one-pass
-Triton kernel) and run cuBLAS on that expert's rows.
+"""MoE for prefill-size batches: dequantise the layer's MXFP4 experts once (a one-pass Triton
+kernel) and run two grouped GEMMs (torch._grouped_mm: CUTLASS on sm_90) over the rows sorted by
+expert.
 
-With thousands of rows per expert the matmuls are compute-bound, and cuBLAS's bf16 GEMMs beat
-a 4-bit in-register kernel that must dequantise the same tile again for every block of rows.
-Decode-size batches use the fused kernels (moe/gluon.py, moe/swapped.py) instead.
+With thousands of rows per expert the matmuls are compute-bound, and bf16 GEMMs beat a 4-bit
+in-register kernel that must dequantise the same tile again for every block of rows. Decode-size
+batches and serving's mixed steps use the fused kernels (moe/gluon.py, moe/swapped.py) instead.
 
 Around the GEMMs everything is one pass: the clamped SwiGLU reads the interleaved gate/up rows
-once, and one kernel gathers each token's k expert rows, weights and sums them. (In PyTorch ops
-these were ~13 launches per expert and a float32 scatter: 8 x 2048 tokens, 20b, H100, 170 of a
-339 ms step, with the GEMMs at ~110; BENCHMARKS.md.)
+once, adding each row's expert bias, and one kernel gathers each token's k expert rows, weights
+and sums them. Nothing is read on the host: the expert boundaries reach the grouped GEMMs as a
+device tensor. (Until 2026-11-27 this path looped over the experts on the host, a dequantisation
+and a cuBLAS call each, after reading the counts: ~7 ms of a layer's call was the host's, whatever
+the batch; benchmarks/diag/moe_dense_grouped.py.)
 """
 
 from __future__ import annotations
-
-from itertools import accumulate
 
 import torch
 import triton
@@ -61,15 +62,17 @@ def dequantize_mxfp4_triton(blocks: torch.Tensor, scales: torch.Tensor, dtype: t
 
 
 @triton.jit
-def _swiglu_kernel(h_ptr, b_ptr, out_ptr, n_cols, limit, stride_h, stride_o,  # noqa: ANN001
-                   ALPHA: tl.constexpr, BLOCK: tl.constexpr):
-    """One row block of [N, 2I] gate/up (interleaved: even columns gate, odd up) + bias [2I] -> [N, I]."""
+def _swiglu_kernel(h_ptr, b_ptr, expert_ptr, out_ptr, n_cols, limit, stride_h, stride_b,  # noqa: ANN001
+                   stride_o, ALPHA: tl.constexpr, BLOCK: tl.constexpr):
+    """One row block of [N, 2I] gate/up (interleaved: even columns gate, odd up) + the bias row
+    b[expert[n]] of the row's own expert -> [N, I]."""
     row = tl.program_id(0).to(tl.int64)
     col = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     pair = tl.arange(0, 2 * BLOCK) + tl.program_id(1) * 2 * BLOCK
     pair_ok = pair < 2 * n_cols
+    expert = tl.load(expert_ptr + row).to(tl.int64)
     h = tl.load(h_ptr + row * stride_h + pair, mask=pair_ok, other=0.0).to(tl.float32)
-    h += tl.load(b_ptr + pair, mask=pair_ok, other=0.0).to(tl.float32)
+    h += tl.load(b_ptr + expert * stride_b + pair, mask=pair_ok, other=0.0).to(tl.float32)
     gate, up = tl.split(tl.reshape(h, [BLOCK, 2]))
     act = swiglu(gate, up, limit, ALPHA)
     tl.store(out_ptr + row * stride_o + col, act.to(out_ptr.dtype.element_ty), mask=col < n_cols)
@@ -78,13 +81,15 @@ def _swiglu_kernel(h_ptr, b_ptr, out_ptr, n_cols, limit, stride_h, stride_o,  # 
 SWIGLU_BLOCK = 1024
 
 
-def swiglu_into(gate_up: torch.Tensor, bias: torch.Tensor, out: torch.Tensor, limit: float) -> None:
-    """moe.swiglu(gate_up + bias) written into out [N, I] (row stride free), in float32, rounded once."""
+def swiglu_into(gate_up: torch.Tensor, bias: torch.Tensor, expert_of_row: torch.Tensor, out: torch.Tensor,
+                limit: float) -> None:
+    """moe.swiglu(gate_up + bias[expert_of_row]) written into out [N, I] (row stride free), in
+    float32, rounded once. bias: [E, 2I]."""
     rows, inter = out.shape
     if rows:
         _swiglu_kernel[(rows, triton.cdiv(inter, SWIGLU_BLOCK))](
-            gate_up, bias, out, inter, float(limit), gate_up.stride(0), out.stride(0), ALPHA=SWIGLU_ALPHA,
-            BLOCK=SWIGLU_BLOCK)
+            gate_up, bias, expert_of_row, out, inter, float(limit), gate_up.stride(0), bias.stride(0),
+            out.stride(0), ALPHA=SWIGLU_ALPHA, BLOCK=SWIGLU_BLOCK)
 
 
 @triton.jit
@@ -105,52 +110,50 @@ def _combine_kernel(ys_ptr, row_of_ptr, w_ptr, ids_ptr, b_ptr, out_ptr, hidden, 
 
 
 COMBINE_BLOCK = 1024
-ROW_ALIGN = 128  # rows per expert rounded up to this (cuBLAS sees few distinct shapes)
 
 
+def combine_into(ys: torch.Tensor, row_of: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor,
+                 bias: torch.Tensor, out: torch.Tensor) -> None:
+    """out [T, H] = each token's k expert rows of ys (row_of[t * k + j]) plus their down biases,
+    weighted and summed in float32."""
+    t, k = topk_ids.shape
+    hidden = out.shape[1]
+    if t:
+        _combine_kernel[(t, triton.cdiv(hidden, COMBINE_BLOCK))](
+            ys, row_of, topk_weights.reshape(-1).contiguous(), topk_ids.contiguous(), bias, out, hidden,
+            ys.stride(0), bias.stride(0), out.stride(0), TOP_K=k, BLOCK=COMBINE_BLOCK)
 def moe_prefill_dense(
     x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor, experts: ExpertWeights,
     swiglu_limit: float,
 ) -> torch.Tensor:
-    """Large batches: per expert, dequantise its weights once and run cuBLAS on its rows.
+    """Large batches: the layer's experts dequantised once, then one grouped GEMM a projection.
 
-    With thousands of rows per expert the matmuls are compute-bound, so the 4-bit in-register
-    path's repeated dequantisation costs more than one bf16 copy of each expert (~50 MB, freed
-    right after). Reads the expert counts on the host: never inside a CUDA graph."""
+    The bf16 copies are the call's own, one projection at a time (the 20b's gate/up: 1.06 GB, its
+    down 0.53 GB), each freed once its GEMM is launched."""
     assert experts.gate_up_blocks is not None and experts.gate_up_scales is not None
     assert experts.down_blocks is not None and experts.down_scales is not None
     t, k = topk_ids.shape
-    hidden, inter = x.shape[1], experts.down_blocks.shape[2] * 32
-    flat = topk_ids.reshape(-1)
-    order = torch.argsort(flat, stable=True)  # slot (token * k + j) of each sorted row
-    counts = torch.bincount(flat, minlength=experts.num_experts).tolist()
-    # Each expert's rows start on a ROW_ALIGN boundary (padding rows hold token 0 and are never
-    # read back), so the GEMMs see a few row counts again and again instead of a new one per expert
-    # and call: cuBLAS picks a kernel per shape on the host, and new shapes left the GPU waiting.
-    padded = [-(-n // ROW_ALIGN) * ROW_ALIGN for n in counts]
-    starts, padded_starts = list(accumulate(counts, initial=0)), list(accumulate(padded, initial=0))
-    shift = torch.tensor([p - s for p, s in zip(padded_starts[:-1], starts[:-1], strict=True)], device=x.device)
-    padded_row = torch.arange(order.numel(), device=x.device) + shift[flat[order]]  # of each sorted row
-    row_of = torch.empty_like(order)
-    row_of[order] = padded_row
-    source = torch.zeros(sum(padded), dtype=order.dtype, device=x.device)
-    source[padded_row] = order // k
-    xs = x[source]
-    act = torch.empty(xs.shape[0], inter, dtype=x.dtype, device=x.device)
-    ys = torch.empty(xs.shape[0], hidden, dtype=x.dtype, device=x.device)
-    for e, (start, n) in enumerate(zip(padded_starts[:-1], padded, strict=True)):  # biases: in SwiGLU and combine
-        if n == 0:
-            continue
-        rows = slice(start, start + n)
-        w1 = dequantize_mxfp4_triton(experts.gate_up_blocks[e], experts.gate_up_scales[e], x.dtype)
-        swiglu_into(torch.mm(xs[rows], w1.t()), experts.gate_up_bias[e], act[rows], swiglu_limit)
-        del w1
-        w2 = dequantize_mxfp4_triton(experts.down_blocks[e], experts.down_scales[e], x.dtype)
-        torch.mm(act[rows], w2.t(), out=ys[rows])
+    inter = experts.down_blocks.shape[2] * 32
     out = torch.empty_like(x)
-    if t:
-        bias = experts.down_bias
-        _combine_kernel[(t, triton.cdiv(hidden, COMBINE_BLOCK))](
-            ys, row_of, topk_weights.reshape(-1).contiguous(), topk_ids.contiguous(), bias, out, hidden,
-            ys.stride(0), bias.stride(0), out.stride(0), TOP_K=k, BLOCK=COMBINE_BLOCK)
+    if t == 0:
+        return out
+    flat = topk_ids.reshape(-1)
+    order = torch.argsort(flat, stable=True)  # the slot (token * k + j) of each sorted row
+    # Counts by scatter, not bincount: CUDA's bincount reads the largest id on the host.
+    counts = torch.zeros(experts.num_experts, dtype=torch.int32, device=x.device)
+    counts.scatter_add_(0, flat.long(), torch.ones_like(flat, dtype=torch.int32))
+    ends = torch.cumsum(counts, 0, dtype=torch.int32)  # each expert's rows end here
+    xs = x[order // k]
+    w1 = dequantize_mxfp4_triton(experts.gate_up_blocks, experts.gate_up_scales, x.dtype)  # [E, 2I, H]
+    gate_up = torch._grouped_mm(xs, w1.transpose(1, 2), offs=ends)  # [T*k, 2I]
+    del w1, xs
+    act = torch.empty(t * k, inter, dtype=x.dtype, device=x.device)
+    swiglu_into(gate_up, experts.gate_up_bias, flat[order], act, swiglu_limit)
+    del gate_up
+    w2 = dequantize_mxfp4_triton(experts.down_blocks, experts.down_scales, x.dtype)  # [E, H, I]
+    ys = torch._grouped_mm(act, w2.transpose(1, 2), offs=ends)  # [T*k, H]
+    del w2, act
+    row_of = torch.empty_like(order)
+    row_of[order] = torch.arange(order.numel(), device=x.device, dtype=order.dtype)
+    combine_into(ys, row_of, topk_weights, topk_ids, experts.down_bias, out)
     return out

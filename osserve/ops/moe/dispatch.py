@@ -3,7 +3,7 @@
 On CUDA, once the experts' kernel layout exists (layout.py, at load):
 - up to swapped.MAX_TOKENS tokens (decode, serving's mixed steps): the weights-as-left-operand
   4-bit kernel: gluon.py on Hopper, swapped.py (portable Triton) elsewhere;
-- above, whole prompts: dense.py (dequantise each expert once, cuBLAS) where the checkpoint-layout
+- above, whole prompts: dense.py (the layer dequantised once, grouped GEMMs) where the checkpoint-layout
   tensors were kept, else gluon.py in chunks, else tiled.py (the portable token-tiled kernel).
 Elsewhere: reference.py.
 """
@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 # The kernels' modules are imported where they run (CUDA): a CPU process never loads them.
 
 # Above this many tokens (and above the swapped kernel's range) experts are dequantised once per
-# forward and run on cuBLAS.
+# forward and run as grouped bf16 GEMMs.
 PREFILL_DENSE_MIN_TOKENS = 512
 
 
@@ -59,9 +59,9 @@ def fused_moe(
 
         prepared = experts.prepared
         # Up to MAX_TOKENS (both 4-bit kernels' range) the fused kernels win; the dense path is for
-        # whole prompts. It dequantises every expert it runs on each call and reads their counts on
-        # the host (once a layer; when it synced once per expert, serving's 1-2k-token mixed steps
-        # took ~0.3 s on it: c64087c).
+        # whole prompts: it dequantises the layer's experts on each call, a fixed ~0.6 ms (20b, H100)
+        # that a few thousand tokens do not repay (at 2,304 tokens 2.08 against 1.39 ms a layer; at
+        # 4,096 level; at 8,192 3.69 against 4.89: benchmarks/diag/moe_dense_grouped.py).
         if prepared is not None and x.shape[0] <= swapped.MAX_TOKENS:
             return _fused(x, topk_weights, topk_ids, prepared, swiglu_limit, reduce, plan)
         dense_ok = experts.gate_up_blocks is not None and not torch.cuda.is_current_stream_capturing()
