@@ -253,15 +253,21 @@ def preset(name: str) -> ModelConfig:
 
 
 PRESETS = ("tiny", "20b", "120b")
-# Decode-first's default min_decodes, as a share of max_num_seqs (192 of 256). Measured on one H100,
-# 20b 1k in / 1k out at c=256: 192 gave more output, a lower ITL p99 and TTFT p99 than 32 (BENCHMARKS.md,
-# "Capacity"); 240 of 256 let the ITL p99 past 60 ms.
+# Decode-first's default min_decodes: three quarters of max_num_seqs, at most 3/256 of the step budget
+# (192 decodes at 16,384 tokens a step, 96 at 8,192). While fewer decode, a burst of prompts is
+# prefilled in full-budget steps, and each such step holds up every request already decoding: about
+# M^2 x (prompt tokens) / (2 x budget) gaps are stalled before the chunk applies from M decodes. So M
+# grows with the budget, not the running set. Measured (BENCHMARKS.md, "Capacity"): the 20b on an
+# H100 (16,384 a step) at c=256, 192 gave more output and a lower ITL p99 and TTFT p99 than 32, and
+# 240 let the ITL p99 past 60 ms; the 120b on an H200 (8,192 a step) at c=512, 384 (three quarters)
+# made ITL p99 255 ms against 110 from 32, for +0.6% output.
 DECODE_FIRST_SHARE = 3 / 4
+DECODE_FIRST_PER_BUDGET = 3 / 256
 
 
-def default_min_decodes(max_num_seqs: int) -> int:
-    """Decode-first's min_decodes where none is given: DECODE_FIRST_SHARE of the running set."""
-    return max(1, round(max_num_seqs * DECODE_FIRST_SHARE))
+def default_min_decodes(max_num_seqs: int, step_budget: int) -> int:
+    """Decode-first's min_decodes where none is given (the note above)."""
+    return max(1, min(round(max_num_seqs * DECODE_FIRST_SHARE), int(step_budget * DECODE_FIRST_PER_BUDGET)))
 
 
 @dataclass(frozen=True)
@@ -304,8 +310,8 @@ class SchedulerConfig:
     # decode, a step takes at most decode_first_chunk prompt tokens, so their next tokens are not
     # held up behind a long prefill. 0: off (prompts may take the whole step, as before).
     decode_first_chunk: int = 2048
-    # For the default max_num_seqs; load.py takes default_min_decodes of the server's
-    decode_first_min_decodes: int = default_min_decodes(256)
+    # For the default max_num_seqs and budget; load.py takes default_min_decodes of the server's
+    decode_first_min_decodes: int = default_min_decodes(256, 8192)
 
     def __post_init__(self) -> None:
         if self.max_model_len < 3:  # the warm-up's prompts hold a token and leave room for two out

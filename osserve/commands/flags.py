@@ -65,7 +65,8 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
                         "tokens whatever is decoding")
     g.add_argument("--decode-first-min-decodes", type=int, metavar="M", default=None,
                    help="the decoding requests from which --decode-first-chunk applies (default: three "
-                        "quarters of --max-num-seqs, 192 of 256); with fewer, prompts take whatever of the step "
+                        "quarters of --max-num-seqs, at most 3/256 of --max-num-batched-tokens: 192 at 16384, 96 "
+                        "at 8192); with fewer, prompts take whatever of the step "
                         "the decodes leave")
     g.add_argument("--no-decode-first", action="store_true",
                    help="no decode-first rule: prompts and decodes share --max-num-batched-tokens in arrival "

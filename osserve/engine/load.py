@@ -366,7 +366,7 @@ def scheduler_config(args: EngineArgs, cfg: ModelConfig, device: torch.device, c
     max_num_seqs = args.max_num_seqs or (defaults.max_num_seqs if device.type == "cuda" else 32)
     min_decodes = args.decode_first_min_decodes
     if min_decodes is None:
-        min_decodes = default_min_decodes(max_num_seqs)
+        min_decodes = default_min_decodes(max_num_seqs, budget)
     return SchedulerConfig(
         max_num_seqs=max_num_seqs,
         max_num_batched_tokens=budget,

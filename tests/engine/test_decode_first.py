@@ -273,9 +273,13 @@ def cpu_sched(line: str) -> SchedulerConfig:
 def test_the_flags() -> None:
     default = cpu_sched("")  # a CPU's running set is 32 requests
     assert (default.max_num_seqs, default.decode_first_chunk, default.decode_first_min_decodes) == (32, 2048, 24)
-    # The threshold is three quarters of the running set, whatever its size (192 of the GPU's 256).
-    assert [cpu_sched(f"--max-num-seqs {n}").decode_first_min_decodes for n in (256, 512, 1)] == [192, 384, 1]
-    assert SchedulerConfig().decode_first_min_decodes == 192
+    # The threshold is three quarters of the running set, at most 3/256 of the step budget (192 of
+    # the 20b's 256 at 16,384 tokens a step on an 80 GB card, 96 at 8,192).
+    assert [cpu_sched(f"--max-num-seqs {n}").decode_first_min_decodes for n in (256, 512, 1)] == [96, 96, 1]
+    big = "--max-num-batched-tokens 16384 --max-num-seqs"
+    assert [cpu_sched(f"{big} {n}").decode_first_min_decodes for n in (128, 256, 512)] == [96, 192, 192]
+    assert cpu_sched("--max-num-batched-tokens 100").decode_first_min_decodes == 1
+    assert SchedulerConfig().decode_first_min_decodes == 96
     assert cpu_sched("--max-num-seqs 512 --decode-first-min-decodes 32").decode_first_min_decodes == 32
     assert default.max_num_batched_tokens == BATCHED_TOKENS  # on a CPU
     s = cpu_sched("--decode-first-chunk 512 --decode-first-min-decodes 4")

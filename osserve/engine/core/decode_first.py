@@ -9,13 +9,16 @@ prompt tokens of a step (prompt chunks, newcomers, preempted requests recomputin
 `chunk`; with fewer decoding, prompts get whatever of the step's budget the decodes leave (a
 burst of new prompts is prefilled in large, efficient steps while few would wait for it).
 
-"Few" is by default fewer than three quarters of --max-num-seqs (config.DECODE_FIRST_SHARE: the
-chunk applies from 192 decodes of 256). An ITL percentile counts every gap of every stream, and a
-large prompt step lengthens only the gaps of the requests decoding in it; the 2,048-token chunk's
-mixed steps prefill at ~55k tok/s against ~71k for 16k-token steps. Same H100, the same load
-(2026-11-27): from 192 decodes of 256 the output was 15,442 / 15,454 tok/s against 14,569-15,029
-from 32, with a lower ITL p99 (48 / 52 ms against 51-62) and TTFT p99 (4.1-4.3 s against 5.3-5.9);
-from 224 and 240 the ITL p99 reached 59 and 64 ms.
+"Few" is by default fewer than three quarters of --max-num-seqs, at most 3/256 of the step budget
+(config.default_min_decodes: 192 at 16,384 tokens a step, 96 at 8,192). An ITL percentile counts
+every gap of every stream, and a large prompt step lengthens only the gaps of the requests decoding
+in it; the 2,048-token chunk's mixed steps prefill at ~55k tok/s against ~71k for 16k-token steps.
+Same H100, 20b, the same load (2026-11-27): from 192 decodes of 256 the output was 15,442 / 15,454
+tok/s against 14,569-15,029 from 32, with a lower ITL p99 (48 / 52 ms against 51-62) and TTFT p99
+(4.1-4.3 s against 5.3-5.9); from 224 and 240 the ITL p99 reached 59 and 64 ms. The budget caps it
+because each full-budget step holds up every request already decoding, and a smaller budget takes
+more such steps for a burst: the 120b on an H200 (8,192 a step) at 512 streams, from 384 decodes,
+had an ITL p99 of 255 ms against 110 from 32.
 
 No request starves: the allowance is never 0 while the decodes leave room in the step, and the
 scheduler hands it out first come, first served (a running prompt chunk first, then the queue).
