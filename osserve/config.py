@@ -257,10 +257,11 @@ PRESETS = ("tiny", "20b", "120b")
 # (192 decodes at 16,384 tokens a step, 96 at 8,192). While fewer decode, a burst of prompts is
 # prefilled in full-budget steps, and each such step holds up every request already decoding: about
 # M^2 x (prompt tokens) / (2 x budget) gaps are stalled before the chunk applies from M decodes. So M
-# grows with the budget, not the running set. Measured (BENCHMARKS.md, "Capacity"): the 20b on an
-# H100 (16,384 a step) at c=256, 192 gave more output and a lower ITL p99 and TTFT p99 than 32, and
-# 240 let the ITL p99 past 60 ms; the 120b on an H200 (8,192 a step) at c=512, 384 (three quarters)
-# made ITL p99 255 ms against 110 from 32, for +0.6% output.
+# grows with the budget, not the running set. Measured (BENCHMARKS.md, "Capacity", and its history
+# file of 2026-11-27, "decode-first"): the 20b on an H100 (16,384 a step) at c=256, 192 gave more
+# output and a lower ITL p99 and TTFT p99 than 32, and 240 let the ITL p99 past 60 ms; the 120b on an
+# H200 (8,192 a step) at c=512, 384 (three quarters) made ITL p99 255 ms against 110 from 32, for
+# +0.6% output.
 DECODE_FIRST_SHARE = 3 / 4
 DECODE_FIRST_PER_BUDGET = 3 / 256
 
