@@ -51,6 +51,19 @@ def test_dense_prefill_path_in_bf16_and_empty() -> None:
     assert moe_prefill_dense(x[:0].bfloat16(), w[:0].bfloat16(), ids[:0], ex, 7.0).shape == (0, 64)
 
 
+def test_expert_loop_matches_grouped_mm() -> None:
+    """The loop a float32 model on a GPU takes (CUTLASS's grouped GEMM is bf16 only) gives
+    torch._grouped_mm's rows, with an expert of no rows between two of some."""
+    from osserve.ops.moe.dense import expert_loop_mm, grouped_mm
+
+    torch.manual_seed(9)
+    rows, weights = torch.randn(10, 32), torch.randn(3, 48, 32)
+    ends = torch.tensor([4, 4, 10], dtype=torch.int32)
+    loop = expert_loop_mm(rows, weights, ends)
+    torch.testing.assert_close(loop, grouped_mm(rows, weights, ends))
+    torch.testing.assert_close(loop[4:], rows[4:] @ weights[2].t())
+
+
 def test_swiglu_kernel_matches_reference() -> None:
     """Interleaved gate/up [N, 2I] + each row's expert bias -> [N, I] with I not a multiple of the
     kernel's block, written into rows of a wider buffer; values past the limit on both sides."""

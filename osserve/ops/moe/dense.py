@@ -9,7 +9,9 @@ batches and serving's mixed steps use the fused kernels (moe/gluon.py, moe/swapp
 Around the GEMMs everything is one pass: the clamped SwiGLU reads the interleaved gate/up rows
 once, adding each row's expert bias, and one kernel gathers each token's k expert rows, weights
 and sums them. Nothing is read on the host: the expert boundaries reach the grouped GEMMs as a
-device tensor. (Until 2026-11-27 this path looped over the experts on the host, a dequantisation
+device tensor. (Except where the grouped GEMM cannot run as one kernel: PyTorch runs it as a loop
+after a host read on GPUs other than sm_90 / sm_100, and grouped_mm below loops itself for a float32
+model on a GPU.) (Until 2026-11-27 this path looped over the experts on the host, a dequantisation
 and a cuBLAS call each, after reading the counts: ~7 ms of a layer's call was the host's, whatever
 the batch; benchmarks/diag/moe_dense_grouped.py.)
 """
@@ -122,6 +124,26 @@ def combine_into(ys: torch.Tensor, row_of: torch.Tensor, topk_weights: torch.Ten
         _combine_kernel[(t, triton.cdiv(hidden, COMBINE_BLOCK))](
             ys, row_of, topk_weights.reshape(-1).contiguous(), topk_ids.contiguous(), bias, out, hidden,
             ys.stride(0), bias.stride(0), out.stride(0), TOP_K=k, BLOCK=COMBINE_BLOCK)
+def grouped_mm(rows: torch.Tensor, weights: torch.Tensor, ends: torch.Tensor) -> torch.Tensor:
+    """rows [R, K] sorted by expert, weights [E, N, K], ends [E] (each expert's rows end there) ->
+    [R, N]: each row times its expert's weights transposed. torch._grouped_mm where it takes the
+    dtype (CUDA: bf16 only; the CPU: any), else a loop over the experts (a float32 model on a GPU)."""
+    if rows.dtype == torch.bfloat16 or not rows.is_cuda:
+        return torch._grouped_mm(rows, weights.transpose(1, 2), offs=ends)
+    return expert_loop_mm(rows, weights, ends)
+
+
+def expert_loop_mm(rows: torch.Tensor, weights: torch.Tensor, ends: torch.Tensor) -> torch.Tensor:
+    """grouped_mm as one mm an expert, the boundaries read on the host."""
+    out = rows.new_empty(rows.shape[0], weights.shape[1])
+    start = 0
+    for e, end in enumerate(ends.tolist()):
+        if end > start:
+            torch.mm(rows[start:end], weights[e].t(), out=out[start:end])
+        start = end
+    return out
+
+
 def moe_prefill_dense(
     x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor, experts: ExpertWeights,
     swiglu_limit: float,
@@ -145,13 +167,13 @@ def moe_prefill_dense(
     ends = torch.cumsum(counts, 0, dtype=torch.int32)  # each expert's rows end here
     xs = x[order // k]
     w1 = dequantize_mxfp4_triton(experts.gate_up_blocks, experts.gate_up_scales, x.dtype)  # [E, 2I, H]
-    gate_up = torch._grouped_mm(xs, w1.transpose(1, 2), offs=ends)  # [T*k, 2I]
+    gate_up = grouped_mm(xs, w1, ends)  # [T*k, 2I]
     del w1, xs
     act = torch.empty(t * k, inter, dtype=x.dtype, device=x.device)
     swiglu_into(gate_up, experts.gate_up_bias, flat[order], act, swiglu_limit)
     del gate_up
     w2 = dequantize_mxfp4_triton(experts.down_blocks, experts.down_scales, x.dtype)  # [E, H, I]
-    ys = torch._grouped_mm(act, w2.transpose(1, 2), offs=ends)  # [T*k, H]
+    ys = grouped_mm(act, w2, ends)  # [T*k, H]
     del w2, act
     row_of = torch.empty_like(order)
     row_of[order] = torch.arange(order.numel(), device=x.device, dtype=order.dtype)
