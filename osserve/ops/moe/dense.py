@@ -124,6 +124,8 @@ def combine_into(ys: torch.Tensor, row_of: torch.Tensor, topk_weights: torch.Ten
         _combine_kernel[(t, triton.cdiv(hidden, COMBINE_BLOCK))](
             ys, row_of, topk_weights.reshape(-1).contiguous(), topk_ids.contiguous(), bias, out, hidden,
             ys.stride(0), bias.stride(0), out.stride(0), TOP_K=k, BLOCK=COMBINE_BLOCK)
+
+
 def grouped_mm(rows: torch.Tensor, weights: torch.Tensor, ends: torch.Tensor) -> torch.Tensor:
     """rows [R, K] sorted by expert, weights [E, N, K], ends [E] (each expert's rows end there) ->
     [R, N]: each row times its expert's weights transposed. torch._grouped_mm where it takes the

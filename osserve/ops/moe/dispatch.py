@@ -59,9 +59,10 @@ def fused_moe(
 
         prepared = experts.prepared
         # Up to MAX_TOKENS (both 4-bit kernels' range) the fused kernels win; the dense path is for
-        # whole prompts: it dequantises the layer's experts on each call, a fixed ~0.6 ms (20b, H100)
-        # that a few thousand tokens do not repay (at 2,304 tokens 2.08 against 1.39 ms a layer; at
-        # 4,096 level; at 8,192 3.69 against 4.89: benchmarks/diag/moe_dense_grouped.py).
+        # whole prompts: it dequantises the layer's experts on each call (the 20b's: 1.6 GB of bf16
+        # written and read again), which a few thousand tokens do not repay (H100, µs a layer: at
+        # 2,304 tokens 2,081 against 1,389; level at 4,096; at 8,192 3,688 against 4,889;
+        # benchmarks/diag/moe_dense_grouped.py).
         if prepared is not None and x.shape[0] <= swapped.MAX_TOKENS:
             return _fused(x, topk_weights, topk_ids, prepared, swiglu_limit, reduce, plan)
         dense_ok = experts.gate_up_blocks is not None and not torch.cuda.is_current_stream_capturing()
