@@ -15,6 +15,7 @@ from functools import partial
 import torch
 from triton.testing import do_bench
 
+from benchmarks.bench_moe import EXPERT_PARAMS
 from benchmarks.bench_moe_decode import HIDDEN, INTER, LIMIT, MODELS, load_baseline, rel_err, timing_inputs
 from osserve.ops.moe.dense import moe_prefill_dense
 from osserve.ops.moe.gluon import fused_moe_gluon
@@ -22,7 +23,7 @@ from osserve.ops.moe.layout import prepare_mxfp4_experts
 from osserve.ops.moe.reference import moe_reference
 from tests.ops.moe_fixtures import random_experts
 
-EXPERT_FLOPS = 2 * (2 * INTER * HIDDEN + HIDDEN * INTER)  # a token's flops on one expert
+EXPERT_FLOPS = 2 * EXPERT_PARAMS  # a token's flops on one expert
 
 
 def eager_us(fns: list) -> float:  # type: ignore[type-arg]
