@@ -1,6 +1,7 @@
 """A step left in flight (async scheduling, engine.py): launched, its sampled ids on their way to
-the host, while the next step is scheduled and launched. Which requests may run ahead so, and when
-the next step may be launched beside the one in flight."""
+the host, while the next step is scheduled and launched. Which requests may run ahead so, when
+the next step may be launched beside the one in flight, and a step launched ahead of its own call
+(while the grammars filled the masks of the step before it)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import torch
 from osserve.engine.core.request import Request
 from osserve.engine.core.sampling_params import SamplingParams
 from osserve.engine.core.scheduler import Scheduler, SchedulerOutput
+from osserve.engine.worker.runner import StepLogits
 from osserve.engine.worker.sampler import SamplerOutput
 
 
@@ -29,6 +31,22 @@ class InFlightStep:
     profile: tuple[float, float, bool, bool]  # (schedule s, launch s, has a prefill, beside a step in flight)
     grammar_dead: set[str] = field(default_factory=set)  # requests whose grammar allowed no token here
     sampled: Mapping[str, int | list[int]] | None = None  # its ids on the host, once read (engine.py's `_collect`)
+
+
+@dataclass
+class LaunchedForward:
+    """A step whose forward is launched and whose sampling is not (engine.py). Where the grammars
+    fill masks, the step before it (`follows`) schedules it while they fill and launches its forward
+    right after its own sampling, so that the GPU has it queued behind that sampling; its own call
+    then goes on from the masks."""
+
+    follows: InFlightStep | None
+    out: SchedulerOutput
+    rows: list[Request]  # the requests that sample, in row order
+    prompt_tokens: int
+    logits: StepLogits
+    schedule_s: float
+    launch_s: float
 
 
 def start_host_copy(out: SchedulerOutput, rows: list[Request], result: SamplerOutput | None,

@@ -39,6 +39,7 @@ class StepProfile:
     steps_with_prefill: int = 0  # these run eagerly; decode-only steps replay a CUDA graph (GPU)
     steps_in_flight: int = 0  # left running while the next one was scheduled (async scheduling)
     prefills_beside: int = 0  # steps with prompt tokens launched while another was in flight (async prefill)
+    launched_early: int = 0  # scheduled while the step before's masks filled, launched by it (engine.py)
     every: int = 500
 
     def add(self, batch: int, schedule: float, launch: float, post: float, has_prefill: bool = False,
@@ -63,7 +64,8 @@ class StepProfile:
         n = max(self.steps, 1)
         parts = self.schedule + self.launch + self.gpu_wait + self.grammar + self.post + self.admit
         return (f"{self.steps} steps ({self.steps_with_prefill} with prefill, {self.prefills_beside} of them launched "
-                f"beside a step in flight, {self.steps_in_flight} left in flight), mean batch {self.requests / n:.1f}; "
+                f"beside a step in flight, {self.steps_in_flight} left in flight, {self.launched_early} launched "
+                f"early), mean batch {self.requests / n:.1f}; "
                 f"ms per step: schedule "
                 f"{1000 * self.schedule / n:.2f}, build+launch {1000 * self.launch / n:.2f}, wait for GPU "
                 f"{1000 * self.gpu_wait / n:.2f}, grammar {1000 * self.grammar / n:.2f}{self._grammar_parts(n)}, "

@@ -195,3 +195,46 @@ def test_abort_while_compiling(engine: LLMEngine) -> None:
     while engine.grammars.num_pending:
         engine.step()  # nothing is left to run: the step drains the finished compile
     assert "gone" not in engine.grammars.states
+
+
+def test_the_step_scheduled_while_the_masks_fill_changes_no_token(engine: LLMEngine,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """The engine schedules the next step while the grammars fill the masks (engine.py); the tokens
+    are those of scheduling it in the next call, as before."""
+    spec = StructuredOutputs(json_schema=SCHEMA, harmony=True)
+    before = engine.profile.launched_early
+    early = run(engine, varied(spec))
+    assert engine.profile.launched_early > before
+    monkeypatch.setattr(LLMEngine, "_schedule_following", lambda self: None)
+    before = engine.profile.launched_early
+    assert run(engine, varied(spec)) == early
+    assert engine.profile.launched_early == before
+
+
+def test_a_request_aborted_after_its_next_forward_was_launched_ends_there(engine: LLMEngine) -> None:
+    """An abort between a step launched early and its sampling: the request's row is wasted, its
+    output ends at the abort, the others finish valid."""
+    spec = StructuredOutputs(json_schema=SCHEMA, harmony=True)
+    requests = varied(spec, n=4, max_tokens=128)  # room for the answer, as in the first test
+    for rid, (ids, params) in requests.items():
+        check(params.structured, params.max_tokens)
+        engine.add_request(rid, ids, params)
+    out: dict[str, list[int]] = {rid: [] for rid in requests}
+    reasons: dict[str, str | None] = {}
+    gone, aborted_at = None, 0
+    while engine.has_unfinished():
+        for d in engine.step():
+            out[d.request_id].extend(d.new_token_ids)
+            if d.finished:
+                reasons[d.request_id] = d.finish_reason
+        if gone is None and engine.launched is not None:
+            gone = engine.launched.rows[0].request_id
+            final = engine.abort(gone)
+            assert final is not None and final.finish_reason == "abort"
+            aborted_at = len(out[gone])
+    assert gone is not None and len(out[gone]) == aborted_at
+    assert not engine.requests and engine.launched is None
+    for rid, ids in out.items():
+        if rid != gone:
+            assert reasons[rid] == "stop"
+            jsonschema.validate(json.loads(parse_completion(ids).content), SCHEMA)
