@@ -58,8 +58,9 @@ from osserve.engine.in_flight import (
     InFlightStep,
     LaunchedForward,
     can_launch_beside,
-    can_run_ahead,
     ending_in_flight,
+    runs_ahead,
+    schedule_following,
     start_host_copy,
 )
 from osserve.engine.speculative_step import speculates_next, speculative_step, verify_entry
@@ -268,12 +269,12 @@ class LLMEngine:
                     # The step before's outputs while llguidance fills the masks in its own threads.
                     start, before = time.perf_counter(), self._inside_totals()
                     deltas = self._finish(prev)
-                    if self.spec is None and self._runs_ahead(rows):
+                    if self.spec is None and runs_ahead(rows, self.scheduler_config.async_scheduling):
                         # And the next step's schedule, which needs no token of this one: the masks
                         # are often not ready after the outputs, and its forward is launched right
                         # after this step's sampling (BENCHMARKS.md, structured outputs).
                         self.scheduler.advance(out, tokens_pending=True)
-                        following = self._schedule_following()
+                        following = schedule_following(self.scheduler)
                     outputs_time = time.perf_counter() - start - (self._inside_totals() - before)
                 start = time.perf_counter()
                 masks = self.grammars.end_masks(fill)
@@ -286,7 +287,8 @@ class LLMEngine:
                                      (masks.rows, masks.bits) if masks is not None and masks.rows else None)
         # The ids are on the host already where the sampler took the head's greedy ids as they are.
         on_host = step_logits.greedy_host if result is not None and result.token_ids is step_logits.greedy else None
-        ahead = out.advanced or self._runs_ahead(rows)  # advanced early: it runs ahead
+        # Advanced early (above): it runs ahead.
+        ahead = out.advanced or runs_ahead(rows, self.scheduler_config.async_scheduling)
         if not out.advanced:
             self.scheduler.advance(out, tokens_pending=ahead)
         self.prompt_tokens_total += launched.prompt_tokens
@@ -309,22 +311,6 @@ class LLMEngine:
             return deltas
         self.in_flight = None
         return deltas + self._finish(step, result)
-
-    def _runs_ahead(self, rows: list[Request]) -> bool:
-        """The step can be left in flight: no request of it needs its token on the host first."""
-        return self.scheduler_config.async_scheduling and all(
-            can_run_ahead(r.sampling_params, r.num_output_tokens) for r in rows)
-
-    def _schedule_following(self) -> tuple[SchedulerOutput, float] | None:
-        """The step after the one being sampled (advanced, its tokens pending), scheduled now as the
-        next call would schedule it, and the seconds that took; None where that call must first
-        finish the step (can_launch_beside) or nothing is left to run."""
-        start = time.perf_counter()
-        ending = ending_in_flight(self.scheduler)
-        if not can_launch_beside(self.scheduler, ending):
-            return None
-        out = self.scheduler.schedule(ending)
-        return (out, time.perf_counter() - start) if out.scheduled else None
 
     def _batch(self, out: SchedulerOutput, prev: InFlightStep | None) -> tuple[list[BatchEntry], list[Request], int]:
         """The runner's entries, the requests that sample (in row order) and the step's prompt

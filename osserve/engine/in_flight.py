@@ -6,6 +6,7 @@ the next step may be launched beside the one in flight, and a step launched ahea
 from __future__ import annotations
 
 import itertools
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -74,6 +75,12 @@ def can_run_ahead(params: SamplingParams, num_output_tokens: int) -> bool:
             and params.forced_token_ids is None and num_output_tokens >= params.min_tokens)
 
 
+def runs_ahead(rows: list[Request], async_scheduling: bool) -> bool:
+    """A step of these sampling requests can be left in flight: none needs its token on the host
+    before the next step is launched."""
+    return async_scheduling and all(can_run_ahead(r.sampling_params, r.num_output_tokens) for r in rows)
+
+
 def ending_in_flight(scheduler: Scheduler) -> set[str]:
     """Requests whose token in flight is certain to be their last: they sit the next step out."""
     ends = scheduler.ends_by_length
@@ -119,3 +126,15 @@ def _admissions_can_run_ahead(scheduler: Scheduler, free: int) -> bool:
                                or scheduler.kv.cached_prefix_tokens(req) != req.num_tokens - 1):
             return False
     return True
+
+
+def schedule_following(scheduler: Scheduler) -> tuple[SchedulerOutput, float] | None:
+    """The step after the one being sampled (advanced, its tokens pending), scheduled now as the
+    engine's next call would schedule it, and the seconds that took; None where that call must first
+    finish the step (can_launch_beside) or nothing is left to run."""
+    start = time.perf_counter()
+    ending = ending_in_flight(scheduler)
+    if not can_launch_beside(scheduler, ending):
+        return None
+    out = scheduler.schedule(ending)
+    return (out, time.perf_counter() - start) if out.scheduled else None

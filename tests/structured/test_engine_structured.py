@@ -9,6 +9,7 @@ from pathlib import Path
 import jsonschema
 import pytest
 
+from osserve.engine import engine as engine_module
 from osserve.engine.core.sampling_params import CALL_TOKEN, RETURN_TOKEN, SamplingParams
 from osserve.engine.engine import LLMEngine
 from osserve.engine.load import EngineArgs, build_engine
@@ -205,7 +206,7 @@ def test_the_step_scheduled_while_the_masks_fill_changes_no_token(engine: LLMEng
     before = engine.profile.launched_early
     early = run(engine, varied(spec))
     assert engine.profile.launched_early > before
-    monkeypatch.setattr(LLMEngine, "_schedule_following", lambda self: None)
+    monkeypatch.setattr(engine_module, "schedule_following", lambda scheduler: None)
     before = engine.profile.launched_early
     assert run(engine, varied(spec)) == early
     assert engine.profile.launched_early == before
