@@ -57,8 +57,6 @@ from osserve.engine.core.scheduler import Scheduler, SchedulerOutput
 from osserve.engine.in_flight import (
     InFlightStep,
     LaunchedForward,
-    can_launch_beside,
-    ending_in_flight,
     runs_ahead,
     schedule_following,
     start_host_copy,
@@ -224,16 +222,19 @@ class LLMEngine:
         if launched is not None and launched.follows is not prev:
             launched = None  # its requests all ended with the step before (step()): nothing reads it
         if launched is None:
-            t0 = time.perf_counter()
-            ending = ending_in_flight(self.scheduler) if prev is not None else set()
-            if prev is not None and not can_launch_beside(self.scheduler, ending):
-                self.in_flight = None
-                return self._finish(prev)  # drain: the next call schedules with every token known
-            out = self.scheduler.schedule(ending)
-            if not out.scheduled:
-                self.in_flight = None
-                return self._finish(prev) if prev is not None else []
-            launched = self._launch(out, prev, time.perf_counter() - t0)
+            if prev is not None:
+                following = schedule_following(self.scheduler)
+                if following is None:  # drain (the next call schedules with every token known), or nothing to run
+                    self.in_flight = None
+                    return self._finish(prev)
+                out, schedule_s = following
+            else:
+                t0 = time.perf_counter()
+                out = self.scheduler.schedule()
+                if not out.scheduled:
+                    return []
+                schedule_s = time.perf_counter() - t0
+            launched = self._launch(out, prev, schedule_s)
         else:
             self.profile.launched_early += 1
         return self._sample(launched, prev)

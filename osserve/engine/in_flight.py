@@ -129,9 +129,9 @@ def _admissions_can_run_ahead(scheduler: Scheduler, free: int) -> bool:
 
 
 def schedule_following(scheduler: Scheduler) -> tuple[SchedulerOutput, float] | None:
-    """The step after the one being sampled (advanced, its tokens pending), scheduled now as the
-    engine's next call would schedule it, and the seconds that took; None where that call must first
-    finish the step (can_launch_beside) or nothing is left to run."""
+    """The step after one in flight (advanced, its tokens pending), and the seconds its schedule took;
+    None where that step must first be finished (can_launch_beside) or nothing is left to run. The
+    engine calls it for the step before it (engine.py), or while that step's masks fill."""
     start = time.perf_counter()
     ending = ending_in_flight(scheduler)
     if not can_launch_beside(scheduler, ending):
