@@ -7,8 +7,9 @@ order), table printed last.
 
     PYTHONPATH=$PWD python3 benchmarks/diag/decode_attention_sweep.py [--fp8] [--launches w4s3n256,w8s2n256p2 ...]
 
---launches: only these launches (w warps, s stages, n keys a tile, optional p forced splits), after
-each case's default.
+--launches: only these launches (w warps, s stages, n keys a tile, optional p forced splits; t the
+Triton FP8 kernel, whose launch any w, s or n also picks), after each case's default (an FP8 cache on
+sm_90: attention/fp8_decode_gluon.py's kernel).
 """
 
 from __future__ import annotations
@@ -29,7 +30,10 @@ CASES = [(256, 1024), (256, 2048), (128, 8192)]  # (batch, context)
 
 
 def parse_launch(spec: str) -> dict[str, int]:
-    """'w4s3n256p2' -> num_warps 4, num_stages 3, block_n 256, num_splits 2 (each part optional)."""
+    """'w4s3n256p2' -> num_warps 4, num_stages 3, block_n 256, num_splits 2 (each part optional);
+    't' (alone, or with p): the Triton FP8 kernel where the default is the Gluon one (decode_gluon False)."""
+    if spec.startswith("t"):
+        return {"decode_gluon": False, **(parse_launch(spec[1:]) if spec[1:] else {})}
     names = {"w": "num_warps", "s": "num_stages", "n": "block_n", "p": "num_splits"}
     parts = re.findall(r"([wsnp])(\d+)", spec)
     if not parts or "".join(k + v for k, v in parts) != spec:
@@ -76,7 +80,7 @@ def main() -> None:
         gb = work([(ctx, 1)] * batch, None)[0] / 1e9
         for ordered in (False, True):
             base = time_decode(batch, ctx, ordered, fp8)
-            rows.append((batch, ctx, ordered, "default (4 warps, 3 stages fp8, 2 bf16, 128 keys)", base, gb))
+            rows.append((batch, ctx, ordered, "default (fp8: Gluon; bf16: 4 warps, 2 stages, 128 keys)", base, gb))
             print(rows[-1], flush=True)
             if ordered:
                 continue

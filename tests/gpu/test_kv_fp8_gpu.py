@@ -49,6 +49,21 @@ def test_decode_reads_fp8(window: int | None, batch: int, num_splits: int | None
 
 
 @pytest.mark.parametrize("window", [None, WINDOW])
+@pytest.mark.parametrize("num_splits", [None, 1, 4])
+def test_gluon_and_triton_fp8_decode_agree(window: int | None, num_splits: int | None) -> None:
+    """attention/fp8_decode_gluon.py (the default on sm_90) against the Triton FP8 kernel over the same
+    cache: the same products in another order, so within float16's rounding of p, not TOL; and each
+    against the reference."""
+    case = decode_case(window, 37, num_splits)
+    cache = quantised(case)
+    gluon = run_fp8(case, cache, True, num_splits=num_splits, decode_gluon=True)
+    triton = run_fp8(case, cache, True, num_splits=num_splits, decode_gluon=False)
+    assert rel_err(gluon, triton) < 2e-3
+    ref = fp8_reference(case, cache)
+    assert rel_err(gluon, ref) < TOL and rel_err(triton, ref) < TOL
+
+
+@pytest.mark.parametrize("window", [None, WINDOW])
 @pytest.mark.parametrize("batch", list(PREFILL))
 def test_prefill_reads_fp8(window: int | None, batch: str) -> None:
     case = make_case(PREFILL[batch], H, KVH, D, BS, window, torch.bfloat16, "cuda", outside="poison",

@@ -26,7 +26,7 @@ import triton.language as tl
 
 from osserve.ops.attention.fp8_triton import fp8_scores, fp8_values, query_f16, scale_args, scale_value
 from osserve.ops.pdl import pdl_enter, pdl_launch, prefetch_before_wait, prefetch_l2
-from osserve.ops.policy import interpreting
+from osserve.ops.policy import interpreting, kernel_policy
 
 LOG2E = 1.4426950408889634
 MIN_PARTITION = 256  # tokens per split at least: below this the merge costs more than it saves
@@ -182,12 +182,16 @@ def _num_sms(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
+def _index(device: torch.device) -> int:
+    return device.index if device.index is not None else torch.cuda.current_device()
+
+
 def choose_num_splits(num_seqs: int, kv_heads: int, max_context: int, device: torch.device) -> int:
     """Splits so that B * kv_heads * splits fills ~2 waves of SMs, each split >= MIN_PARTITION
     tokens; a power of two (the merge's tl.arange, and few distinct compiled variants)."""
     if device.type != "cuda":
         return 1
-    target = 2 * _num_sms(device.index if device.index is not None else torch.cuda.current_device())
+    target = 2 * _num_sms(_index(device))
     by_occupancy = triton.cdiv(target, max(1, num_seqs * kv_heads))
     by_length = max(1, max_context // MIN_PARTITION)
     splits = max(1, min(by_occupancy, by_length, MAX_SPLITS))
@@ -200,18 +204,30 @@ def paged_decode_triton(
     scale: float, window: int | None, max_seq_len: int, out: torch.Tensor,
     num_splits: int | None = None, block_n: int | None = None,
     k_scales: torch.Tensor | None = None, v_scales: torch.Tensor | None = None,
-    num_warps: int | None = None, num_stages: int | None = None,
+    num_warps: int | None = None, num_stages: int | None = None, gluon: bool | None = None,
 ) -> None:
     """Decode: q [T, H, D] with one row per sequence that has a query (rows via query_start_loc).
     Sequences with longer queries (a mixed batch's prompt chunks) are left for the prefill kernel.
-    k_scales / v_scales: an FP8 cache's scales (attention/kv_format.py). num_warps / num_stages:
-    the launch's (benchmarks sweep them)."""
+    k_scales / v_scales: an FP8 cache's scales (attention/kv_format.py). num_warps / num_stages /
+    block_n: the Triton launch's (benchmarks sweep them). gluon: an FP8 cache read by
+    fp8_decode_gluon.py's kernel; by default where the kernel policy is Hopper's and no Triton launch
+    choice is given (benchmarks pass False for the Triton kernel)."""
     num_seqs = seq_lens.shape[0]
     num_heads, head_dim = q.shape[1], q.shape[2]
     block_size, kv_heads = k_cache.shape[1], k_cache.shape[2]
     group = num_heads // kv_heads
     max_context = max_seq_len if window is None else min(max_seq_len, window)
-    if num_splits is None:
+    fp8 = k_scales is not None
+    if gluon is None:
+        gluon = fp8 and block_n is None and num_warps is None and num_stages is None and not interpreting() \
+            and kernel_policy(q.device).hopper
+    if gluon:
+        from osserve.ops.attention import fp8_decode_gluon
+
+        gluon = fp8_decode_gluon.supports(q, k_cache)
+    if num_splits is None and gluon:
+        num_splits = fp8_decode_gluon.choose_num_splits(num_seqs, kv_heads, max_context, _num_sms(_index(q.device)))
+    elif num_splits is None:
         num_splits = choose_num_splits(num_seqs, kv_heads, max_context, q.device)
     assert num_splits & (num_splits - 1) == 0, "num_splits must be a power of two"
     pdl = pdl_launch(q.device)
@@ -224,6 +240,30 @@ def paged_decode_triton(
         part_l = torch.empty_like(part_m)
     else:  # unused by the kernel; any fp32 pointer will do
         part_acc = part_m = part_l = out
+    if gluon:
+        assert k_scales is not None and v_scales is not None
+        fp8_decode_gluon.launch_fp8_decode(q, k_cache, v_cache, k_scales, v_scales, sinks, query_start_loc, seq_lens,
+                                           block_tables, scale, window, out, num_splits, part_acc, part_m, part_l, pdl)
+    else:
+        _launch_triton(q, k_cache, v_cache, sinks, query_start_loc, seq_lens, block_tables, k_scales, v_scales,
+                       part_acc, part_m, part_l, scale, window, out, num_splits, block_n, block_size, group, pdl,
+                       num_warps, num_stages)
+    if num_splits > 1:
+        _merge_kernel[(num_seqs, num_heads)](
+            out, sinks, query_start_loc, part_acc, part_m, part_l, out.stride(0), out.stride(1),
+            NUM_HEADS=num_heads, HEAD_DIM=head_dim, NUM_SPLITS=num_splits, PDL=pdl, num_warps=1,
+            launch_pdl=pdl,
+        )
+
+
+def _launch_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, sinks: torch.Tensor,
+                   query_start_loc: torch.Tensor, seq_lens: torch.Tensor, block_tables: torch.Tensor,
+                   k_scales: torch.Tensor | None, v_scales: torch.Tensor | None, part_acc: torch.Tensor,
+                   part_m: torch.Tensor, part_l: torch.Tensor, scale: float, window: int | None, out: torch.Tensor,
+                   num_splits: int, block_n: int, block_size: int, group: int, pdl: bool,
+                   num_warps: int | None, num_stages: int | None) -> None:
+    """The Triton kernel's launch (any cache)."""
+    num_seqs, num_heads, head_dim, kv_heads = seq_lens.shape[0], q.shape[1], q.shape[2], k_cache.shape[2]
     ks, vs, scale_strides = scale_args(k_scales, v_scales, seq_lens)
     # An FP8 cache's tiles are half the bytes: a third stage in flight kept its loads ahead (H100,
     # batch 256, 1k / 2k contexts: 163 / 303 us against 216 / 420 with two; bf16 198 / 389; four
@@ -241,9 +281,3 @@ def paged_decode_triton(
         ASM=not interpreting(), num_warps=num_warps or 4, num_stages=num_stages or (3 if fp8 else 2),
         launch_pdl=pdl,
     )
-    if num_splits > 1:
-        _merge_kernel[(num_seqs, num_heads)](
-            out, sinks, query_start_loc, part_acc, part_m, part_l, out.stride(0), out.stride(1),
-            NUM_HEADS=num_heads, HEAD_DIM=head_dim, NUM_SPLITS=num_splits, PDL=pdl, num_warps=1,
-            launch_pdl=pdl,
-        )

@@ -288,6 +288,7 @@ def paged_attention_triton(
     k_scales: torch.Tensor | None = None,
     v_scales: torch.Tensor | None = None,
     prompt_range: tuple[int, int] | None = None,
+    decode_gluon: bool | None = None,
 ) -> torch.Tensor:
     """Paged attention on the device; returns out [T, H, D] (q's dtype). `tree`: draft trees
     among the sequences (metadata.TreeMask; the prefill kernel, whatever the query lengths).
@@ -305,7 +306,7 @@ def paged_attention_triton(
     can be captured in a CUDA graph; max_seq_len only picks the number of splits (performance),
     never correctness, so a graph captured at one max_seq_len replays correctly at any length.
     num_splits / block_m / block_n / num_stages / num_warps (decode) override the heuristics (tests,
-    benchmarks).
+    benchmarks); decode_gluon: decode_triton.paged_decode_triton's `gluon`.
     """
     assert q.shape[2] == k_cache.shape[3] and q.shape[2] & (q.shape[2] - 1) == 0, "pow2 head_dim"
     assert q.shape[1] % k_cache.shape[2] == 0
@@ -317,13 +318,14 @@ def paged_attention_triton(
     if is_decode and tree is None:
         paged_decode_triton(q, k_cache, v_cache, sinks, query_start_loc, seq_lens, block_tables,
                             scale, window, max_seq_len, out, num_splits=num_splits, block_n=block_n,
-                            k_scales=k_scales, v_scales=v_scales, num_warps=num_warps, num_stages=num_stages)
+                            k_scales=k_scales, v_scales=v_scales, num_warps=num_warps, num_stages=num_stages,
+                            gluon=decode_gluon)
     else:
         split = prompt_range if tree is None else None
         if split is not None:
             paged_decode_triton(q, k_cache, v_cache, sinks, query_start_loc, seq_lens, block_tables,
                                 scale, window, max_seq_len, out, num_splits=num_splits,
-                                k_scales=k_scales, v_scales=v_scales)
+                                k_scales=k_scales, v_scales=v_scales, gluon=decode_gluon)
         lo, hi = split or (0, seq_lens.shape[0])
         _prefill(q, k_cache, v_cache, sinks, query_start_loc[lo:hi + 1], seq_lens[lo:hi], block_tables[lo:hi],
                  scale, window, max_query_len, out, block_m=block_m, block_n=block_n, num_stages=num_stages,
