@@ -91,7 +91,9 @@ class ProfileLog:
     logged: StepProfile = field(default_factory=StepProfile)
 
     def after_step(self, profile: StepProfile) -> None:
-        if not profile.steps or profile.steps % profile.every:
+        # An engine call that launched no step (one that only collects the step in flight, as the
+        # last ones do) leaves the count where it was logged: no empty window.
+        if not profile.steps or profile.steps % profile.every or profile.steps == self.logged.steps:
             return
         if profile.steps < self.logged.steps:  # a new profile (the warm-up's reset)
             self.logged = StepProfile()
