@@ -1,10 +1,12 @@
 """Which family of kernels runs on a GPU: the Hopper kernels or the portable Triton ones.
 
-The fast path was tuned on the H100, and three of its pieces exist on sm_90 alone:
+The fast path was tuned on the H100, and four of its pieces exist on sm_90 alone:
 - the Gluon MoE kernels (ops/moe/gluon*.py: warpgroup MMA, TMA), which need their own weight layout;
 - programmatic dependent launch (ops/pdl.py: `griddepcontrol`, and the L2 prefetches issued before
   its wait);
-- the packed bf16 dequantiser of the swapped MoE kernel (ops/moe/dequant_triton.py: `mul.rn.bf16x2`).
+- the packed bf16 dequantiser of the swapped MoE kernel (ops/moe/dequant_triton.py: `mul.rn.bf16x2`);
+- the Gluon decode kernel of an FP8 KV cache (ops/attention/fp8_decode_gluon.py; elsewhere the
+  Triton one reads it).
 Everything else is plain Triton (`tl.dot`, no inline PTX), which compiles for sm_80 and later
 (tests/ops/test_compile_targets.py compiles it for sm_80, sm_86 and sm_89 without a GPU).
 
