@@ -12,13 +12,13 @@ blocks) a loop trip, and the next trip's codes and scales loaded while this one 
 - Keys: q . k sums over the head dimension, so any order of it serves if q and k share it. Thread
   (g, c) of the warp (lane 4g + c) loads the 16 contiguous bytes 16c..16c+15 of each of its keys
   (one 16-byte load); read as the logical dimension 16kb + 8h + 2c + e for byte 16c + 4kb + 2h + e,
-  they are exactly its B-operand registers (`K_CODES`, checked when the kernel compiles), and the
-  query is loaded in that order too.
+  they are exactly its B-operand registers (`K_WORDS`), and the query is loaded in that order too.
 - Values: p @ V sums over the keys, and a B register holds two keys' codes at one dimension, which
   lie 512 bytes apart. Thread (g, c) loads 8 contiguous bytes 8g..8g+7 of each of its 8 keys; one
   `prmt` a pair of keys interleaves their bytes, and `cvt.rn.f16x2.e4m3x2` turns each pair into a
   B register (`V_PTX`). Output column 8j + g is then dimension 8g + j, undone at the store.
-- Scales, float16 and the value scales' normaliser as in attention/fp8_triton.py.
+- Scales and float16 products as in attention/fp8_triton.py; the rescaling is lazy (`_trip`).
+Compiled, the kernel uses no shared memory (tests/ops/test_fp8_decode_gluon.py checks its sm_90 build).
 Splits, sinks and the merge are decode_triton.py's (the same partials).
 """
 
