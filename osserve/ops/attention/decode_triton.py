@@ -13,7 +13,8 @@ The reduce kernel merges them and adds the sink exactly once:
   out = sum_s acc_s exp2(m_s - M) / L
 Empty splits (m_s = -1e30, l_s = 0, acc_s = 0) get weight exp2(-1e30 - M) = 0.
 With NUM_SPLITS == 1 the kernel seeds its state with the sink (m = sink, l = 1) and writes the
-output itself; no reduce launch. An FP8 cache is read as paged_triton.py says.
+output itself; no reduce launch. An FP8 cache is read as paged_triton.py says; on sm_90 by
+fp8_decode_gluon.py's kernel instead, which writes the same partials for the same merge.
 """
 
 from __future__ import annotations
