@@ -291,12 +291,12 @@ def test_async_scheduling_changes_no_output(tiny_checkpoint: Path, alone: dict[s
     assert profiles[0] > 10 and profiles[1] == 0  # async really ran ahead; sync never did
 
 
-@pytest.mark.parametrize(("budget", "num_blocks"), [(7, None), (64, None), (64, 40)])
+@pytest.mark.parametrize(("budget", "num_blocks"), [(13, None), (64, None), (64, 40)])
 def test_async_prefill_changes_no_output(tiny_checkpoint: Path, alone: dict[str, list[int]], budget: int,
                                          num_blocks: int | None) -> None:
     """Prompt chunks and newcomers launched beside the step in flight give the tokens of the
     other two ways (newcomers with a prefill waiting for that step; every step finished first):
-    prompts in chunks of 7 or 64 tokens arriving every other step, and (40 blocks) a pool too
+    prompts in chunks of 13 or 64 tokens arriving every other step, and (40 blocks) a pool too
     small for them all, so that requests are preempted and recompute. Every block comes back."""
     results, beside = [], []
     for extra in ({}, {"no_async_prefill": True}, {"no_async_scheduling": True}):

@@ -204,11 +204,11 @@ def test_the_step_scheduled_while_the_masks_fill_changes_no_token(engine: LLMEng
     are those of scheduling it in the next call, as before."""
     spec = StructuredOutputs(json_schema=SCHEMA, harmony=True)
     before = engine.profile.launched_early
-    early = run(engine, varied(spec))
+    early = run(engine, varied(spec, n=4))  # two greedy, two sampled
     assert engine.profile.launched_early > before
     monkeypatch.setattr(engine_module, "schedule_following", lambda scheduler: None)
     before = engine.profile.launched_early
-    assert run(engine, varied(spec)) == early
+    assert run(engine, varied(spec, n=4)) == early
     assert engine.profile.launched_early == before
 
 
