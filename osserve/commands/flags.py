@@ -99,8 +99,8 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--no-mixed-graphs", action="store_true",
                    help="no CUDA graphs for steps that mix new prompts with decodes (they run eagerly)")
     g.add_argument("--portable-kernels", action="store_true",
-                   help="the portable Triton kernels on any GPU, not the Hopper ones (Gluon MoE, programmatic "
-                        "dependent launch, sm_90 PTX); the default on GPUs other than sm_90 (also: "
+                   help="the portable Triton kernels on any GPU, not the Hopper ones (Gluon MoE and FP8 decode, "
+                        "programmatic dependent launch, sm_90 PTX); the default on GPUs other than sm_90 (also: "
                         "OSSERVE_PORTABLE_KERNELS=1)")
     # Both flags name the default: argparse takes a dest's default from the first flag added, and a
     # store_false alone would default to True (every step finished before the next, 97ed7de..).

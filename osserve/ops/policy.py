@@ -72,7 +72,8 @@ class KernelPolicy:
     def describe(self) -> str:
         """One line for the start-up log."""
         if self.hopper:
-            return f"kernels: Hopper (Gluon MoE, programmatic dependent launch, sm_90 PTX; {self.reason})"
+            return (f"kernels: Hopper (Gluon MoE and FP8 decode, programmatic dependent launch, sm_90 PTX; "
+                    f"{self.reason})")
         return f"kernels: portable Triton ({self.reason})"
 
 

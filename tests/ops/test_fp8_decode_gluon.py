@@ -16,7 +16,8 @@ from pathlib import Path
 
 import torch
 
-from osserve.ops.attention.fp8_decode_gluon import choose_num_splits, supports
+from osserve.ops.attention.fp8_decode_gluon import choose_num_splits, supported
+from osserve.ops.policy import decide, use_policy
 
 ROOT = Path(__file__).parents[2]
 
@@ -31,12 +32,16 @@ def test_splits_fill_about_one_wave() -> None:
     assert choose_num_splits(1, 8, 1 << 20, 132) == 64  # at most MAX_SPLITS
 
 
-def test_supports_gpt_oss_shapes_only() -> None:
-    q = torch.empty(4, 64, 64)
-    assert supports(q, torch.empty(10, 16, 8, 64))
-    assert not supports(torch.empty(4, 64, 128), torch.empty(10, 16, 8, 128))  # head_dim
-    assert not supports(q, torch.empty(10, 32, 8, 64))  # block size
-    assert not supports(q, torch.empty(10, 16, 2, 64))  # a GQA group of 32 heads
+def test_takes_gpt_oss_shapes_on_hopper_only() -> None:
+    cuda = torch.device("cuda", 0)
+    with use_policy(decide((9, 0))):
+        assert supported(cuda, 64, 16, 8)
+        assert not supported(cuda, 128, 16, 8)  # head_dim
+        assert not supported(cuda, 64, 32, 8)  # block size
+        assert not supported(cuda, 64, 16, 32)  # a GQA group of 32 heads
+        assert not supported(torch.device("cpu"), 64, 16, 8)
+    with use_policy(decide((8, 9))):  # an L4: the Triton kernel reads its FP8 cache
+        assert not supported(cuda, 64, 16, 8)
 
 
 def test_compiles_for_sm_90_into_registers_only(tmp_path: Path) -> None:

@@ -1,5 +1,5 @@
 """The kernel policy (ops/policy.py): which GPUs get the Hopper kernels, that the switch forces the
-portable ones, and that every Hopper-only piece (PDL, the Gluon MoE, the sm_90 PTX dequantiser)
+portable ones, and that every Hopper-only piece (PDL, the Gluon MoE and FP8 decode, the sm_90 PTX dequantiser)
 follows it, on the CPU: a `torch.device("cuda")` object is only a name here, and the policy is
 entered as the runner enters it."""
 
@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from osserve.ops import pdl
+from osserve.ops.attention import fp8_decode_gluon
 from osserve.ops.linear.small_m_triton import DEFAULT_CONFIG, stages_that_fit
 from osserve.ops.moe import gluon
 from osserve.ops.moe.dequant_triton import packed_dequant
@@ -100,8 +101,8 @@ def test_the_entered_policy_wins_and_is_left_behind() -> None:
 
 @pytest.mark.parametrize("capability", [(9, 0), (8, 6)])
 def test_each_hopper_piece_follows_the_policy(capability: tuple[int, int]) -> None:
-    """PDL, the Gluon MoE and the packed dequantiser's sm_90 PTX run under the Hopper policy, and
-    none of them under the portable one; the pipelined linear kernels size their stages to the
+    """PDL, the Gluon MoE, the Gluon FP8 decode and the packed dequantiser's sm_90 PTX run under the
+    Hopper policy, and none of them under the portable one; the pipelined linear kernels size their stages to the
     policy's shared memory."""
     policy = decide(capability)
     bf16 = torch.zeros(1, dtype=torch.bfloat16)
@@ -109,6 +110,7 @@ def test_each_hopper_piece_follows_the_policy(capability: tuple[int, int]) -> No
         assert pdl.pdl_launch(CUDA) == policy.hopper
         assert pdl.prefetch_before_wait(CUDA) == policy.hopper
         assert gluon.supported(CUDA, 2880, 2880) == policy.hopper
+        assert fp8_decode_gluon.supported(CUDA, 64, 16, 8) == policy.hopper
         assert packed_dequant(True, bf16) == policy.hopper
         assert not packed_dequant(False, bf16) and not packed_dequant(True, bf16.float())
         per_stage = (DEFAULT_CONFIG.block_n + 32) * DEFAULT_CONFIG.block_k * 2

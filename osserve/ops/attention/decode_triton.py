@@ -25,9 +25,10 @@ import torch
 import triton
 import triton.language as tl
 
+from osserve.ops.attention import fp8_decode_gluon
 from osserve.ops.attention.fp8_triton import fp8_scores, fp8_values, query_f16, scale_args, scale_value
 from osserve.ops.pdl import pdl_enter, pdl_launch, prefetch_before_wait, prefetch_l2
-from osserve.ops.policy import interpreting, kernel_policy
+from osserve.ops.policy import interpreting
 
 LOG2E = 1.4426950408889634
 MIN_PARTITION = 256  # tokens per split at least: below this the merge costs more than it saves
@@ -221,11 +222,7 @@ def paged_decode_triton(
     fp8 = k_scales is not None
     if gluon is None:
         gluon = fp8 and block_n is None and num_warps is None and num_stages is None and not interpreting() \
-            and kernel_policy(q.device).hopper
-    if gluon:
-        from osserve.ops.attention import fp8_decode_gluon
-
-        gluon = fp8_decode_gluon.supports(q, k_cache)
+            and fp8_decode_gluon.supported(q.device, head_dim, block_size, group)
     if num_splits is None and gluon:
         num_splits = fp8_decode_gluon.choose_num_splits(num_seqs, kv_heads, max_context, _num_sms(_index(q.device)))
     elif num_splits is None:

@@ -30,6 +30,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import mma_v2
 
 from osserve.ops.pdl import pdl_enter_gluon
+from osserve.ops.policy import kernel_policy
 
 TILE = gl.constexpr(32)  # keys a loop trip
 BLOCK_SIZE = gl.constexpr(16)  # slots a cache block (the engine's): a trip is two whole blocks
@@ -230,11 +231,12 @@ def _fp8_decode_kernel(
                  out.to(o_ptr.dtype.element_ty), mask=row_ok[:, None])
 
 
-def supports(q: torch.Tensor, k_cache: torch.Tensor) -> bool:
-    """Whether this kernel takes the launch: its shapes are gpt-oss's (head_dim 64, 16-slot blocks,
-    a GQA group of at most 16 heads)."""
-    group = q.shape[1] // k_cache.shape[2]
-    return q.shape[2] == HEAD_DIM.value and k_cache.shape[1] == BLOCK_SIZE.value and group <= 16
+def supported(device: torch.device, head_dim: int, block_size: int, group: int) -> bool:
+    """Whether this kernel may read a decode's FP8 cache: the Hopper kernel policy (ops/policy.py: sm_90,
+    not forced portable) and gpt-oss's shapes (head_dim 64, 16-slot blocks, a GQA group of at most
+    16 heads)."""
+    return device.type == "cuda" and kernel_policy(device).hopper and head_dim == HEAD_DIM.value \
+        and block_size == BLOCK_SIZE.value and group <= 16
 
 
 def launch_fp8_decode(
