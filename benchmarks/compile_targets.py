@@ -142,9 +142,7 @@ def _splits_on(sms: int, b: int, context: int) -> int:
     """decode_triton.choose_num_splits on a GPU of `sms` SMs (it reads the device's own count)."""
     from osserve.ops.attention import decode_triton
 
-    by_occupancy = triton.cdiv(2 * sms, max(1, b * KV_HEADS))
-    splits = max(1, min(by_occupancy, max(1, context // decode_triton.MIN_PARTITION), decode_triton.MAX_SPLITS))
-    return 1 << (splits.bit_length() - 1)
+    return decode_triton.splits_within_bounds(triton.cdiv(2 * sms, max(1, b * KV_HEADS)), context)
 
 
 def norms_and_rope(sms: int) -> None:

@@ -16,7 +16,8 @@ from pathlib import Path
 
 import torch
 
-from osserve.ops.attention.fp8_decode_gluon import choose_num_splits, supported
+from osserve.ops.attention.decode_triton import gluon_num_splits
+from osserve.ops.attention.fp8_decode_gluon import supported
 from osserve.ops.policy import decide, use_policy
 
 ROOT = Path(__file__).parents[2]
@@ -24,12 +25,12 @@ ROOT = Path(__file__).parents[2]
 
 def test_splits_fill_about_one_wave() -> None:
     # 132 SMs, 10 one-warp programs each: 1,320 programs a wave
-    assert choose_num_splits(256, 8, 2048, 132) == 1  # 2,048 programs
-    assert choose_num_splits(128, 8, 8192, 132) == 1  # 1,024: a second split would make two waves
-    assert choose_num_splits(32, 8, 8192, 132) == 4  # 256 programs: 5 a sequence, rounded down to 4
-    assert choose_num_splits(8, 8, 4096, 132) == 16  # by length: at least 256 keys a split
-    assert choose_num_splits(1, 8, 100, 132) == 1
-    assert choose_num_splits(1, 8, 1 << 20, 132) == 64  # at most MAX_SPLITS
+    assert gluon_num_splits(256, 8, 2048, 132) == 1  # 2,048 programs
+    assert gluon_num_splits(128, 8, 8192, 132) == 1  # 1,024: a second split would make two waves
+    assert gluon_num_splits(32, 8, 8192, 132) == 4  # 256 programs: 5 a sequence, rounded down to 4
+    assert gluon_num_splits(8, 8, 4096, 132) == 16  # by length: at least 256 keys a split
+    assert gluon_num_splits(1, 8, 100, 132) == 1
+    assert gluon_num_splits(1, 8, 1 << 20, 132) == 64  # at most MAX_SPLITS
 
 
 def test_takes_gpt_oss_shapes_on_hopper_only() -> None:

@@ -37,6 +37,9 @@ BLOCK_SIZE = gl.constexpr(16)  # slots a cache block (the engine's): a trip is t
 HEAD_DIM = gl.constexpr(64)
 LOG2E = gl.constexpr(1.4426950408889634)
 RESCALE_LOG2 = gl.constexpr(8.0)  # _trip's
+# One-warp programs an SM holds at once (65,536 registers / (32 x 196)): decode_triton.gluon_num_splits aims
+# at one wave of them.
+WAVE_PROGRAMS = 10
 
 _MMA = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[1, 1], instr_shape=[16, 8])
 MMA = gl.constexpr(_MMA)
@@ -263,16 +266,3 @@ def launch_fp8_decode(
         NUM_SPLITS=num_splits, PDL=pdl, num_warps=1, launch_pdl=pdl,
     )
 
-
-def choose_num_splits(num_seqs: int, kv_heads: int, max_context: int, num_sms: int) -> int:
-    """Splits so that the one-warp programs fill about one wave (WAVE_PROGRAMS an SM), each split >=
-    MIN_PARTITION keys; a power of two (the merge kernel's)."""
-    by_occupancy = WAVE_PROGRAMS * num_sms // max(1, num_seqs * kv_heads)
-    by_length = max(1, max_context // MIN_PARTITION)
-    splits = max(1, min(by_occupancy, by_length, MAX_SPLITS))
-    return 1 << (splits.bit_length() - 1)
-
-
-WAVE_PROGRAMS = 10  # one-warp programs an SM holds at once (65,536 registers / (32 x 196))
-MIN_PARTITION = 256
-MAX_SPLITS = 64
