@@ -101,6 +101,15 @@ def _values_operand(words):
 
 
 @gluon.jit
+def _keys(LAYOUT: gl.constexpr, DIM: gl.constexpr, blk0, blk1, tile, lo, end, kvh, stride_b, stride_s, stride_h):
+    """The trip's 32 keys as a slice of LAYOUT (removing DIM): each one's offset in a tensor of
+    [block, slot, kv head] strides, and whether it lies in [lo, end)."""
+    key = gl.arange(0, TILE, layout=gl.SliceLayout(DIM, LAYOUT))
+    rows = gl.where(key < BLOCK_SIZE, blk0, blk1) * stride_b + (key % BLOCK_SIZE) * stride_s + kvh * stride_h
+    return rows, (tile + key >= lo) & (tile + key < end)
+
+
+@gluon.jit
 def _tile(k_ptr, v_ptr, ks_ptr, vs_ptr, bt_row, tile, lo, end, kvh,
           stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh, stride_sb, stride_ss, stride_sh):
     """The codes, scales and mask of the 32 keys from `tile` (a block boundary): masked off outside
@@ -109,21 +118,13 @@ def _tile(k_ptr, v_ptr, ks_ptr, vs_ptr, bt_row, tile, lo, end, kvh,
     blk0 = gl.load(bt_row + tile // BLOCK_SIZE, mask=tile < end, other=0)
     blk1 = gl.load(bt_row + tile // BLOCK_SIZE + 1, mask=tile + BLOCK_SIZE < end, other=0)
 
-    kk = gl.arange(0, TILE, layout=gl.SliceLayout(1, K_WORDS))
+    k_rows, k_ok = _keys(K_WORDS, 1, blk0, blk1, tile, lo, end, kvh, stride_kb, stride_ks, stride_kh)
     kw = gl.arange(0, HEAD_DIM // 4, layout=gl.SliceLayout(0, K_WORDS))
-    k_rows = gl.where(kk < BLOCK_SIZE, blk0, blk1) * stride_kb + (kk % BLOCK_SIZE) * stride_ks + kvh * stride_kh
-    k_ok = (tile + kk >= lo) & (tile + kk < end)
     k_words = gl.load(k_ptr + k_rows[:, None] + kw[None, :], mask=k_ok[:, None], other=0)
-
-    vk = gl.arange(0, TILE, layout=gl.SliceLayout(1, V_WORDS))
+    v_rows, v_ok = _keys(V_WORDS, 1, blk0, blk1, tile, lo, end, kvh, stride_vb, stride_vs, stride_vh)
     vw = gl.arange(0, HEAD_DIM // 4, layout=gl.SliceLayout(0, V_WORDS))
-    v_rows = gl.where(vk < BLOCK_SIZE, blk0, blk1) * stride_vb + (vk % BLOCK_SIZE) * stride_vs + kvh * stride_vh
-    v_ok = (tile + vk >= lo) & (tile + vk < end)
     v_words = gl.load(v_ptr + v_rows[:, None] + vw[None, :], mask=v_ok[:, None], other=0)
-
-    sk = gl.arange(0, TILE, layout=gl.SliceLayout(0, MMA))
-    s_rows = gl.where(sk < BLOCK_SIZE, blk0, blk1) * stride_sb + (sk % BLOCK_SIZE) * stride_ss + kvh * stride_sh
-    s_ok = (tile + sk >= lo) & (tile + sk < end)
+    s_rows, s_ok = _keys(MMA, 0, blk0, blk1, tile, lo, end, kvh, stride_sb, stride_ss, stride_sh)
     k_scale = gl.load(ks_ptr + s_rows, mask=s_ok, other=0.0).to(gl.float32)
     v_scale = gl.load(vs_ptr + s_rows, mask=s_ok, other=0.0).to(gl.float32)
     return k_words, v_words, k_scale, v_scale, s_ok
