@@ -266,6 +266,11 @@ DECODE_FIRST_SHARE = 3 / 4
 DECODE_FIRST_PER_BUDGET = 3 / 256
 
 
+# SchedulerConfig's defaults for the running set and the step's tokens (decode-first's default reads both).
+DEFAULT_MAX_NUM_SEQS = 256
+DEFAULT_BATCHED_TOKENS = 8192
+
+
 def default_min_decodes(max_num_seqs: int, step_budget: int) -> int:
     """Decode-first's min_decodes where none is given (the note above)."""
     return max(1, min(round(max_num_seqs * DECODE_FIRST_SHARE), int(step_budget * DECODE_FIRST_PER_BUDGET)))
@@ -286,10 +291,10 @@ class CacheConfig:
 class SchedulerConfig:
     """What one engine step may hold."""
 
-    max_num_seqs: int = 256
+    max_num_seqs: int = DEFAULT_MAX_NUM_SEQS
     # Tokens one step may compute. On a GPU whose KV cache hardly notices the larger workspace,
     # load.py defaults to more (engine/memory.py's default_batched_tokens).
-    max_num_batched_tokens: int = 8192
+    max_num_batched_tokens: int = DEFAULT_BATCHED_TOKENS
     max_model_len: int = 8192
     max_waiting: int = 4096  # beyond this the server answers 503
     # While requests are decoding, newcomers wait up to this long so that several are admitted
@@ -312,7 +317,7 @@ class SchedulerConfig:
     # held up behind a long prefill. 0: off (prompts may take the whole step, as before).
     decode_first_chunk: int = 2048
     # For the default max_num_seqs and budget; load.py takes default_min_decodes of the server's
-    decode_first_min_decodes: int = default_min_decodes(256, 8192)
+    decode_first_min_decodes: int = default_min_decodes(DEFAULT_MAX_NUM_SEQS, DEFAULT_BATCHED_TOKENS)
 
     def __post_init__(self) -> None:
         if self.max_model_len < 3:  # the warm-up's prompts hold a token and leave room for two out

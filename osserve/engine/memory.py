@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
-from osserve.config import CacheConfig, ModelConfig, SchedulerConfig
+from osserve.config import DEFAULT_BATCHED_TOKENS, CacheConfig, ModelConfig, SchedulerConfig
 from osserve.engine.worker.kv_tensors import KVPlan, bytes_per_block, plan_kv_cache, sliding_blocks_needed
 from osserve.errors import ConfigError
 from osserve.model.gpt_oss import FULL_GROUP
@@ -115,7 +115,7 @@ def kv_budget(device: DeviceMemory, used_now: int, utilization: float, workspace
 # planned), but 23% of the 120b's there (8.79 GiB, 192,128 tokens, measured at
 # --gpu-memory-utilization 0.97; plan_kv_cache gives 140,416 tokens for 2 GiB less). So it is taken
 # where that costs at most LARGE_BUDGET_KV_SHARE of the cache the smaller budget would leave.
-BATCHED_TOKENS = 8192
+BATCHED_TOKENS = DEFAULT_BATCHED_TOKENS  # SchedulerConfig's own default
 LARGE_BATCHED_TOKENS = 16384
 LARGE_BUDGET_KV_SHARE = 0.10
 CUDA_CONTEXT_BYTES = GiB // 2  # in use before the model, as benchmarks/memory_plans.py assumes
