@@ -51,7 +51,7 @@ from osserve.config import CacheConfig, ModelConfig, SchedulerConfig
 from osserve.engine.core.kv_cache import KVCacheManager, KVCacheStats
 from osserve.engine.core.output_processor import OutputProcessor
 from osserve.engine.core.outputs import CompletionDelta, EngineStats, TokenLogprob
-from osserve.engine.core.request import PENDING_TOKEN, Request
+from osserve.engine.core.request import Request
 from osserve.engine.core.sampling_params import SamplingParams
 from osserve.engine.core.scheduler import Scheduler, SchedulerOutput
 from osserve.engine.in_flight import (
@@ -61,9 +61,10 @@ from osserve.engine.in_flight import (
     schedule_following,
     start_host_copy,
 )
-from osserve.engine.speculative_step import speculates_next, speculative_step, verify_entry
+from osserve.engine.speculative_step import speculates_next, speculative_step
+from osserve.engine.step_batch import step_batch
 from osserve.engine.step_profile import StepProfile
-from osserve.engine.worker.runner import BatchEntry, ModelRunner
+from osserve.engine.worker.runner import ModelRunner
 from osserve.engine.worker.sampler import MaskUpload, RowSettings, Sampler, SamplerOutput, SamplingBatch
 from osserve.errors import InvalidRequestError
 from osserve.speculative.decoder import SpeculativeDecoder
@@ -242,7 +243,7 @@ class LLMEngine:
     def _launch(self, out: SchedulerOutput, prev: InFlightStep | None, schedule_s: float) -> LaunchedForward:
         """Build a scheduled step's batch and launch its forward."""
         start, inside = time.perf_counter(), self._inside_totals()
-        entries, rows, prompt_tokens = self._batch(out, prev)
+        entries, rows, prompt_tokens = step_batch(out, self.requests, prev)
         step_logits = self.runner.run(entries, prev.token_ids if prev is not None else None, out.block_copies)
         launch_s = time.perf_counter() - start - (self._inside_totals() - inside)
         return LaunchedForward(prev, out, rows, prompt_tokens, step_logits, schedule_s, launch_s)
@@ -312,30 +313,6 @@ class LLMEngine:
             return deltas
         self.in_flight = None
         return deltas + self._finish(step, result)
-
-    def _batch(self, out: SchedulerOutput, prev: InFlightStep | None) -> tuple[list[BatchEntry], list[Request], int]:
-        """The runner's entries, the requests that sample (in row order) and the step's prompt
-        tokens, in one pass over the scheduled requests."""
-        entries, rows, prompt_tokens = [], [], 0
-        requests = self.requests
-        for s in out.scheduled:
-            req = requests[s.request_id]
-            if s.num_drafts:
-                entries.append(verify_entry(req, s.start, s.block_tables))
-                rows.append(req)
-                continue
-            end = s.start + s.num_new_tokens
-            tokens = [req.token_at(s.start)] if s.num_new_tokens == 1 else req.token_slice(s.start, end)
-            prev_row = -1
-            if tokens[-1] == PENDING_TOKEN:  # async scheduling: the previous step's sampled id, on the device
-                assert prev is not None and tokens.count(PENDING_TOKEN) == 1
-                prev_row = prev.rows[s.request_id]
-            entries.append(BatchEntry(tokens, s.start, s.block_tables, s.needs_sample, prev_row))
-            if s.needs_sample:
-                rows.append(req)
-            if s.start < req.num_prompt_tokens:
-                prompt_tokens += min(end, req.num_prompt_tokens) - s.start
-        return entries, rows, prompt_tokens
 
     def _spec_step(self) -> list[CompletionDelta]:
         """One speculative step (engine/speculative_step.py): a method for bench_spec.py to time."""

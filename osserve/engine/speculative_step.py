@@ -23,9 +23,10 @@ import torch
 from osserve.config import SchedulerConfig
 from osserve.engine.core.outputs import CompletionDelta
 from osserve.engine.core.request import Request
-from osserve.engine.core.scheduler import Scheduler, SchedulerOutput
+from osserve.engine.core.scheduler import Scheduler
 from osserve.engine.in_flight import InFlightStep, start_host_copy
-from osserve.engine.worker.runner import BatchEntry, ModelRunner
+from osserve.engine.step_batch import step_batch
+from osserve.engine.worker.runner import ModelRunner
 from osserve.engine.worker.sampler import SamplerOutput
 from osserve.speculative.decoder import SpeculativeDecoder
 from osserve.structured.grammar_process import RemoteGrammars
@@ -43,9 +44,6 @@ class SpeculatingEngine(Protocol):
     generators: dict[str, torch.Generator]
     prompt_tokens_total: int
     speculating: bool  # the last step was a speculative one (its drafts may wait)
-
-    def _batch(self, out: SchedulerOutput, prev: InFlightStep | None,
-               ) -> tuple[list[BatchEntry], list[Request], int]: ...
 
     def _launch_sample(self, rows: list[Request], logits: torch.Tensor, greedy: torch.Tensor | None,
                        token_masks: tuple[list[int], MaskBits] | None = None) -> SamplerOutput | None: ...
@@ -74,7 +72,7 @@ def speculative_step(engine: SpeculatingEngine, spec: SpeculativeDecoder) -> lis
     if not out.scheduled:
         return []
     t1 = time.perf_counter()
-    entries, rows, prompt_tokens = engine._batch(out, None)
+    entries, rows, prompt_tokens = step_batch(out, engine.requests, None)
     trees = {r.request_id: r.drafts for r in rows if r.drafts is not None}
     step = engine.runner.run(entries, None, out.block_copies, speculative=True, capture=spec.capture_layers)
     engine.scheduler.advance(out)
@@ -113,13 +111,3 @@ def speculative_step(engine: SpeculatingEngine, spec: SpeculativeDecoder) -> lis
     offsets = step.entry_rows or np.cumsum([0] + [len(e.token_ids) for e in entries[:-1]]).tolist()
     spec.propose(out, offsets, by_id, step.aux_hidden if spec.capture_layers else step.hidden, engine.requests)
     return deltas
-
-
-def verify_entry(req: Request, start: int, tables: dict[str, list[int]]) -> BatchEntry:
-    """A request's last token (the root) and its drafts, verified in one chunk."""
-    tree = req.drafts
-    assert tree is not None
-    chain = tree.is_chain
-    return BatchEntry([req.token_at(start), *tree.tokens], start, tables, True, num_drafts=len(tree),
-                      draft_depths=None if chain else tree.depths(),
-                      tree_bits=None if chain else tree.attention_bits())
