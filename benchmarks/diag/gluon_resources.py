@@ -38,7 +38,7 @@ def record(t: int, num_experts: int, spec: str) -> list[Launch]:
         prepared = prepare_mxfp4_experts(random_experts(num_experts, H, I), fragments=True)
         ids = torch.stack([torch.randperm(num_experts)[:4] for _ in range(t)])
         weights = torch.full((t, 4), 0.25, dtype=torch.bfloat16)
-        fused_moe_gluon(torch.zeros(t, H, dtype=torch.bfloat16), weights, ids, prepared, 7.0, ws=False, **kwargs)
+        fused_moe_gluon(torch.zeros(t, H, dtype=torch.bfloat16), weights, ids, prepared, 7.0, **{"ws": False, **kwargs})
     return [Launch(f"T={t} {name}", fn, args, kw) for fn, args, kw in caught if fn.is_gluon()]
 
 

@@ -30,10 +30,12 @@ def token_tiles(ids: torch.Tensor, num_experts: int, bt: int) -> int:
 
 
 def variant(spec: str) -> tuple[str, dict]:
-    """"bt:tiles:stages[:r][:gN][:dN][:xN]" -> (its column name, fused_moe_gluon's keyword arguments)."""
+    """"bt:tiles:stages[:r][:w][:gN][:dN][:xN]" -> (its column name, fused_moe_gluon's keyword arguments)."""
     bt, tiles, stages, *flags = spec.split(":")
     caps = {f[0]: int(f[1:]) for f in flags if f[0] in "gd"}
     kwargs = {"block_t": int(bt), "gate_up_tiles": int(tiles), "stages": int(stages), "ragged": "r" in flags}
+    if "w" in flags:
+        kwargs["ws"] = True
     for flag in (f for f in flags if f[0] == "x"):
         kwargs["down_tiles"] = int(flag[1:])
     if caps:
@@ -46,8 +48,8 @@ def main() -> None:
     parser.add_argument("--tokens", default="20b:128,192,256,320,384;120b:256,384,512")
     parser.add_argument("--variants", default="16:1:4,32:1:3,32:2:3,64:1:3,64:2:3,64:1:2,32:2:4",
                         help="token tile:gate/up tiles:ring depth, then optionally :r (ragged tiles: gluon.py's "
-                             "RAGGED), :gN / :dN (gate/up / down register caps), :xN (down tiles a program), comma "
-                             "separated")
+                             "RAGGED), :w (the copy-warp K loop, moe/gluon_ws.py), :gN / :dN (gate/up / down "
+                             "register caps), :xN (down tiles a program), comma separated")
     parser.add_argument("--kernels", action="store_true",
                         help="also each kernel's µs a layer (torch.profiler, eager launches), for every variant")
     args = parser.parse_args()
