@@ -38,7 +38,8 @@ def record(t: int, num_experts: int, spec: str) -> list[Launch]:
         prepared = prepare_mxfp4_experts(random_experts(num_experts, H, I), fragments=True)
         ids = torch.stack([torch.randperm(num_experts)[:4] for _ in range(t)])
         weights = torch.full((t, 4), 0.25, dtype=torch.bfloat16)
-        fused_moe_gluon(torch.zeros(t, H, dtype=torch.bfloat16), weights, ids, prepared, 7.0, **{"ws": False, **kwargs})
+        kwargs.setdefault("ws", False)  # the cp.async K loops, unless the variant asks for the copy warp (:w)
+        fused_moe_gluon(torch.zeros(t, H, dtype=torch.bfloat16), weights, ids, prepared, 7.0, **kwargs)
     return [Launch(f"T={t} {name}", fn, args, kw) for fn, args, kw in caught if fn.is_gluon()]
 
 
@@ -48,7 +49,8 @@ def main() -> None:
     parser.add_argument("--experts", type=int, default=32)
     parser.add_argument("--variants", default="32:2:3,64:2:3,64:2:3:r",
                         help="moe_tiles.py's variants: token tile:gate/up tiles:ring depth, then optionally :r "
-                             "(ragged tiles), :gN / :dN (gate/up / down register caps), comma separated")
+                             "(ragged tiles), :w (the copy-warp K loop), :gN / :dN (gate/up / down register caps), "
+                             "comma separated")
     parser.add_argument("--sass", default=None, help="write each kernel's cubin into this folder")
     args = parser.parse_args()
     print(f"Triton {triton.__version__}, target sm_90")
@@ -58,7 +60,7 @@ def main() -> None:
             with contextlib.redirect_stdout(io.StringIO()):
                 kernel = triton.compile(src, target=TARGET, options=options)
             registers, spilled = resources(kernel.asm["cubin"], kernel.metadata.name)
-            warps = options.get("num_warps", 4)
+            warps = kernel.metadata.num_warps  # with the copy warp (:w), the warp-specialized total (8)
             by_regs = 65536 // (max(registers, 1) * 32 * warps)
             by_smem = (227 * 1024) // max(kernel.metadata.shared, 1)
             print(f"{launch.scenario:>24} {launch.fn.__name__:>16}: {registers} registers, {spilled} B spilled, "
