@@ -63,23 +63,32 @@ RING_LAYOUT = gl.constexpr(gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
 
 
 @gluon.jit
+def _issue_full_words(wa_ring, wb_ring, slot, wa_ptrs, b_off_w, step, mask, TWO: gl.constexpr):
+    """The copies of a full K step's words (16 a row) into ring slot `slot`."""
+    async_copy.async_copy_global_to_shared(wa_ring.index(slot), wa_ptrs + step * STEP_W, mask=mask)
+    if TWO:
+        async_copy.async_copy_global_to_shared(wb_ring.index(slot), wa_ptrs + b_off_w + step * STEP_W, mask=mask)
+
+
+@gluon.jit
 def _issue_weights(wa_ring, wb_ring, sa_ring, sb_ring, slot, wa_ptrs, sa_ptrs, b_off_w, b_off_s, w_mask, word, k0,
-                   k_end, K, TWO: gl.constexpr):
+                   k_end, K, TWO: gl.constexpr, PLAIN: gl.constexpr):
     """Start the copies of the weights and scales of the K step at k0 into ring slot `slot` (masked off
     past k_end). K's 64-column tail step holds 8 words per row (word 4q + 2 b2 + jw of a full step is
     word 2q + jw there): it is copied word by word into the full-step places, b2 = 1 zero-filled, so
-    its consumer is the same."""
+    its consumer is the same. PLAIN: the step's 128 columns all lie before k_end, so neither the mask
+    past k_end nor the tail path is compiled in."""
     step = k0 // 128
-    live = k0 < k_end
-    s_mask = w_mask & live
+    s_mask = w_mask if PLAIN else w_mask & (k0 < k_end)
     async_copy.async_copy_global_to_shared(sa_ring.index(slot), sa_ptrs + step * STEP_S, mask=s_mask)
     if TWO:
         async_copy.async_copy_global_to_shared(sb_ring.index(slot), sa_ptrs + b_off_s + step * STEP_S, mask=s_mask)
-    if k0 + 128 <= K:
-        async_copy.async_copy_global_to_shared(wa_ring.index(slot), wa_ptrs + step * STEP_W, mask=s_mask)
-        if TWO:
-            async_copy.async_copy_global_to_shared(wb_ring.index(slot), wa_ptrs + b_off_w + step * STEP_W,
-                                                   mask=s_mask)
+    # (PLAIN as its own branch: `full = True if PLAIN else k0 + 128 <= K; if full:` crashes Triton
+    # 3.6's LLVM lowering.)
+    if PLAIN:
+        _issue_full_words(wa_ring, wb_ring, slot, wa_ptrs, b_off_w, step, s_mask, TWO)
+    elif k0 + 128 <= K:
+        _issue_full_words(wa_ring, wb_ring, slot, wa_ptrs, b_off_w, step, s_mask, TWO)
     else:
         # the tail step's rows are 8 words long: row r's words start 8 r, not 16 r, after the full steps
         row = gl.arange(0, 64, layout=gl.SliceLayout(1, WORD_LAYOUT))
@@ -91,23 +100,11 @@ def _issue_weights(wa_ring, wb_ring, sa_ring, sb_ring, slot, wa_ptrs, sa_ptrs, b
 
 
 @gluon.jit
-def _issue_x(x_ring, slot, x_ptrs, x_ok, kcol, k0, k_end):
-    """Start the copy of the activations of the K step at k0 into ring slot `slot`."""
-    async_copy.async_copy_global_to_shared(x_ring.index(slot), x_ptrs + k0, mask=x_ok & (kcol < k_end - k0)[None, :])
-
-
-@gluon.jit
-def _issue_plain(wa_ring, wb_ring, sa_ring, sb_ring, x_ring, slot, wa_ptrs, sa_ptrs, b_off_w, b_off_s, w_mask, x_ptrs,
-                 x_ok, k0, TWO: gl.constexpr):
-    """_issue_weights and _issue_x for a step whose 128 columns all lie before the loop's end: no K
-    masks, no tail path."""
-    step = k0 // 128
-    async_copy.async_copy_global_to_shared(sa_ring.index(slot), sa_ptrs + step * STEP_S, mask=w_mask)
-    async_copy.async_copy_global_to_shared(wa_ring.index(slot), wa_ptrs + step * STEP_W, mask=w_mask)
-    if TWO:
-        async_copy.async_copy_global_to_shared(sb_ring.index(slot), sa_ptrs + b_off_s + step * STEP_S, mask=w_mask)
-        async_copy.async_copy_global_to_shared(wb_ring.index(slot), wa_ptrs + b_off_w + step * STEP_W, mask=w_mask)
-    async_copy.async_copy_global_to_shared(x_ring.index(slot), x_ptrs + k0, mask=gl.broadcast(x_ok, x_ptrs)[0])
+def _issue_x(x_ring, slot, x_ptrs, x_ok, kcol, k0, k_end, PLAIN: gl.constexpr):
+    """Start the copy of the activations of the K step at k0 into ring slot `slot` (PLAIN: as
+    _issue_weights', no mask past k_end)."""
+    mask = gl.broadcast(x_ok, x_ptrs)[0] if PLAIN else x_ok & (kcol < k_end - k0)[None, :]
+    async_copy.async_copy_global_to_shared(x_ring.index(slot), x_ptrs + k0, mask=mask)
 
 
 @gluon.jit
@@ -171,14 +168,14 @@ def k_loop(wa_ptrs, sa_ptrs, b_off_w, b_off_s, x_ptrs, x_ok, w_mask, word, kcol,
 
     for i in gl.static_range(STAGES - 1):
         _issue_weights(wa_ring, wb_ring, sa_ring, sb_ring, i, wa_ptrs, sa_ptrs, b_off_w, b_off_s, w_mask, word,
-                       k_start + i * BLOCK_K, k_end, K, TWO)
+                       k_start + i * BLOCK_K, k_end, K, TWO, False)
         if not PDL:
-            _issue_x(x_ring, i, x_ptrs, x_ok, kcol, k_start + i * BLOCK_K, k_end)
+            _issue_x(x_ring, i, x_ptrs, x_ok, kcol, k_start + i * BLOCK_K, k_end, False)
             async_copy.commit_group()
     if PDL:
         pdl_enter_gluon(True)
         for i in gl.static_range(STAGES - 1):  # the first group also holds all of the weights above
-            _issue_x(x_ring, i, x_ptrs, x_ok, kcol, k_start + i * BLOCK_K, k_end)
+            _issue_x(x_ring, i, x_ptrs, x_ok, kcol, k_start + i * BLOCK_K, k_end, False)
             async_copy.commit_group()
     num_steps = gl.cdiv(k_end - k_start, BLOCK_K)
     num_plain = 0
@@ -192,8 +189,9 @@ def k_loop(wa_ptrs, sa_ptrs, b_off_w, b_off_s, x_ptrs, x_ok, w_mask, word, kcol,
         for j in range(num_plain):
             _ring_wait(STAGES)
             nxt = j + STAGES - 1
-            _issue_plain(wa_ring, wb_ring, sa_ring, sb_ring, x_ring, nxt % STAGES, wa_ptrs, sa_ptrs, b_off_w,
-                         b_off_s, w_mask, x_ptrs, x_ok, k_start + nxt * BLOCK_K, TWO)
+            _issue_weights(wa_ring, wb_ring, sa_ring, sb_ring, nxt % STAGES, wa_ptrs, sa_ptrs, b_off_w, b_off_s,
+                           w_mask, word, k_start + nxt * BLOCK_K, k_end, K, TWO, True)
+            _issue_x(x_ring, nxt % STAGES, x_ptrs, x_ok, kcol, k_start + nxt * BLOCK_K, k_end, True)
             async_copy.commit_group()
             acc_a, acc_b = _mma_step(wa_ring, wb_ring, sa_ring, sb_ring, x_ring, j % STAGES, acc_a, acc_b, A_LAYOUT,
                                      TWO)
@@ -201,8 +199,8 @@ def k_loop(wa_ptrs, sa_ptrs, b_off_w, b_off_s, x_ptrs, x_ok, w_mask, word, kcol,
         _ring_wait(STAGES)
         nxt = j + STAGES - 1
         _issue_weights(wa_ring, wb_ring, sa_ring, sb_ring, nxt % STAGES, wa_ptrs, sa_ptrs, b_off_w, b_off_s, w_mask,
-                       word, k_start + nxt * BLOCK_K, k_end, K, TWO)
-        _issue_x(x_ring, nxt % STAGES, x_ptrs, x_ok, kcol, k_start + nxt * BLOCK_K, k_end)
+                       word, k_start + nxt * BLOCK_K, k_end, K, TWO, False)
+        _issue_x(x_ring, nxt % STAGES, x_ptrs, x_ok, kcol, k_start + nxt * BLOCK_K, k_end, False)
         async_copy.commit_group()
         acc_a, acc_b = _mma_step(wa_ring, wb_ring, sa_ring, sb_ring, x_ring, j % STAGES, acc_a, acc_b, A_LAYOUT, TWO)
     async_copy.wait_group(0)
