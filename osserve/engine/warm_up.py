@@ -5,7 +5,8 @@ prompts do not wait for Triton to compile them (the first wave of a 256-stream b
 - First, a prompt bound to a JSON object for each mask lane (structured/matchers.py), so that each
   lane's copy of that grammar is compiled and step 2's short prompts join their step at once.
 - Step 1: prompts filling the token budget, none longer than a context: two short ones and as many
-  whole contexts as fit (above 4096 tokens a step takes the dense MoE path). With one prompt of a
+  whole contexts as fit (above 4096 tokens a step takes the dense MoE path where it repays:
+  moe/dispatch.py's dense_repays; else the Gluon kernel in chunks). With one prompt of a
   context (4,094 tokens under the benchmarks' --max-model-len 4096) a step never reached that path
   here, and the first wave of a 1k-token benchmark met it cold: its 16-prompt steps' TTFT p99 was
   9.5 s on a fresh machine against 6.2-6.3 on a warm one (H100, 2026-11-27). With this step it

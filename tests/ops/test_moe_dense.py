@@ -78,3 +78,18 @@ def test_swiglu_kernel_matches_reference() -> None:
     swiglu_into(h, bias, expert, out[1:6], 7.0)
     torch.testing.assert_close(out[1:6], swiglu(h + bias[expert], 7.0), rtol=1e-5, atol=1e-5)
     assert out[0].isnan().all() and out[6].isnan().all()
+
+
+def test_dense_path_only_where_its_dequantisation_repays() -> None:
+    """Above the fused kernels' range, the Gluon kernel in chunks keeps a batch until its experts
+    average DENSE_MIN_ROWS_PER_EXPERT rows: the 20b (32 experts, top 4) from 2,560 tokens, the
+    120b (128) from 10,240; without the Gluon kernel the dense path takes every batch above 512."""
+    from osserve.ops.moe.dispatch import DENSE_MIN_ROWS_PER_EXPERT, dense_repays
+
+    assert DENSE_MIN_ROWS_PER_EXPERT == 320
+    assert dense_repays(4097, 4, 32, gluon=True)
+    assert not dense_repays(8192, 4, 128, gluon=True)
+    assert not dense_repays(10239, 4, 128, gluon=True)
+    assert dense_repays(10240, 4, 128, gluon=True)
+    assert dense_repays(4097, 4, 128, gluon=False)
+    assert not dense_repays(512, 4, 1, gluon=False)

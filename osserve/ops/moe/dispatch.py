@@ -4,7 +4,8 @@ On CUDA, once the experts' kernel layout exists (layout.py, at load):
 - up to swapped.MAX_TOKENS tokens (decode, serving's mixed steps): the weights-as-left-operand
   4-bit kernel: gluon.py on Hopper, swapped.py (portable Triton) elsewhere;
 - above, whole prompts: dense.py (the layer dequantised once, grouped GEMMs) where the checkpoint-layout
-  tensors were kept, else gluon.py in chunks, else tiled.py (the portable token-tiled kernel).
+  tensors were kept and the batch repays the dequantisation (dense_repays), else gluon.py in
+  chunks, else tiled.py (the portable token-tiled kernel).
 Elsewhere: reference.py.
 """
 
@@ -26,6 +27,20 @@ if TYPE_CHECKING:
 # Above this many tokens (and above the swapped kernel's range) experts are dequantised once per
 # forward and run as grouped bf16 GEMMs.
 PREFILL_DENSE_MIN_TOKENS = 512
+# ... and where the Gluon kernel runs, only once its experts average this many rows (token x
+# expert pairs): the dequantisation is every expert's, whatever their rows, so the 120b's 128
+# experts need 2.5 times the 20b's tokens to repay it. H200, 2026-11-28, diag/moe_dense_grouped.py,
+# µs a layer, Gluon (in chunks of 4,096) / dense: 120b T=8,192 (256 rows an expert) 5,345 / 6,001,
+# T=10,240 (320) 6,996 / 7,056, T=12,288 8,078 / 7,196; 20b T=4,096 (512) 2,345 / 2,245.
+DENSE_MIN_ROWS_PER_EXPERT = 320
+
+
+def dense_repays(num_tokens: int, top_k: int, num_experts: int, gluon: bool) -> bool:
+    """Whether a batch above the fused kernels' range takes the dense path rather than the Gluon
+    kernel in chunks (where there is one: `gluon`)."""
+    if num_tokens <= PREFILL_DENSE_MIN_TOKENS:
+        return False
+    return not gluon or num_tokens * top_k >= DENSE_MIN_ROWS_PER_EXPERT * num_experts
 
 
 def plan_block_m(experts: ExpertWeights, num_tokens: int, top_k: int) -> int | None:
@@ -66,7 +81,8 @@ def fused_moe(
         if prepared is not None and x.shape[0] <= swapped.MAX_TOKENS:
             return _fused(x, topk_weights, topk_ids, prepared, swiglu_limit, reduce, plan)
         dense_ok = experts.gate_up_blocks is not None and not torch.cuda.is_current_stream_capturing()
-        if dense_ok and x.shape[0] > PREFILL_DENSE_MIN_TOKENS:
+        gluon = prepared is not None and prepared.fragments
+        if dense_ok and dense_repays(x.shape[0], topk_ids.shape[1], experts.num_experts, gluon):
             from osserve.ops.moe.dense import moe_prefill_dense
 
             return moe_prefill_dense(x, topk_weights, topk_ids, experts, swiglu_limit)
