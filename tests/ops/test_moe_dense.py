@@ -81,9 +81,10 @@ def test_swiglu_kernel_matches_reference() -> None:
 
 
 def test_dense_path_only_where_its_dequantisation_repays() -> None:
-    """Above the fused kernels' range, the Gluon kernel in chunks keeps a batch until its experts
-    average DENSE_MIN_ROWS_PER_EXPERT rows: the 20b (32 experts, top 4) from 2,560 tokens, the
-    120b (128) from 10,240; without the Gluon kernel the dense path takes every batch above 512."""
+    """Above the fused kernels' range (4,096 tokens), the Gluon kernel in chunks keeps a batch until
+    its experts average DENSE_MIN_ROWS_PER_EXPERT rows: the 20b's 32 experts (top 4) do from 2,560
+    tokens, so its batches there all go dense; the 120b's 128 from 10,240. Without the Gluon kernel
+    the dense path takes every batch above 512."""
     from osserve.ops.moe.dispatch import DENSE_MIN_ROWS_PER_EXPERT, dense_repays
 
     assert DENSE_MIN_ROWS_PER_EXPERT == 320
