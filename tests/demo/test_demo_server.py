@@ -52,7 +52,7 @@ def test_heldout_prompts_through_the_server(base: str) -> None:
         return Reply(m.content or "", [(c.function.name, c.function.arguments) for c in m.tool_calls or []])
 
     def ask(requests: list[AskRequest]) -> list[Reply]:
-        with ThreadPoolExecutor(max_workers=16) as pool_:
+        with ThreadPoolExecutor(max_workers=110) as pool_:
             return list(pool_.map(one, requests))
 
     report = evaluate(ask, tool_prompts + others)
