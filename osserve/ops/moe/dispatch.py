@@ -81,13 +81,13 @@ def fused_moe(
         if prepared is not None and x.shape[0] <= swapped.MAX_TOKENS:
             return _fused(x, topk_weights, topk_ids, prepared, swiglu_limit, reduce, plan)
         dense_ok = experts.gate_up_blocks is not None and not torch.cuda.is_current_stream_capturing()
-        gluon = prepared is not None and prepared.fragments
-        if dense_ok and dense_repays(x.shape[0], topk_ids.shape[1], experts.num_experts, gluon):
+        gluon = prepared if prepared is not None and prepared.fragments else None  # Hopper's layout
+        if dense_ok and dense_repays(x.shape[0], topk_ids.shape[1], experts.num_experts, gluon is not None):
             from osserve.ops.moe.dense import moe_prefill_dense
 
             return moe_prefill_dense(x, topk_weights, topk_ids, experts, swiglu_limit)
-        if prepared is not None and prepared.fragments:  # the Gluon kernel, in chunks of its MAX_TOKENS
-            return _fused(x, topk_weights, topk_ids, prepared, swiglu_limit)
+        if gluon is not None:  # the Gluon kernel, in chunks of its MAX_TOKENS
+            return _fused(x, topk_weights, topk_ids, gluon, swiglu_limit)
         if prepared is not None:
             from osserve.ops.moe.tiled import fused_moe_triton
 
