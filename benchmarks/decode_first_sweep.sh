@@ -13,6 +13,8 @@
 # do not hold it; the rows of one table compare only within one call (one machine). (INPUT_LEN,
 # MAX_TOKENS, CONCURRENCY: for a dry run on a small preset only; the figures use the defaults.)
 # The server's flags are serve_ab.sh's, less --max-num-batched-tokens (a setting under test here).
+# DIAG_PATH=DIR goes first on the servers' PYTHONPATH (a sitecustomize of benchmarks/diag, e.g.
+# gpu_timeline with OSSERVE_GPU_TIMELINE=A-B).
 # Settings that start with @DIR serve that directory's code (`git archive OLD | tar -x -C DIR`, carried),
 # as serve_ab.sh's do: a same-machine comparison across commits.
 set -u
@@ -31,7 +33,7 @@ for server_args in "$@"; do
     tree=.; settings=$server_args
     if [[ $server_args == @* ]]; then tree=${server_args%% *}; tree=${tree#@}; settings=${server_args#"@$tree"}; fi
     # shellcheck disable=SC2086  # the settings are words
-    (cd "$tree" && PYTHONPATH="$PWD:/tmp/site" exec python3 -m osserve.cli serve --load-format dummy \
+    (cd "$tree" && PYTHONPATH="${DIAG_PATH:+$DIAG_PATH:}$PWD:/tmp/site" exec python3 -m osserve.cli serve --load-format dummy \
         --preset "$PRESET" --port 8000 --max-num-seqs 256 --max-model-len 4096 \
         --gpu-memory-utilization "${GPU_UTIL:-0.90}" $settings) > "$log" 2>&1 &
     server=$!

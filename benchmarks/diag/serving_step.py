@@ -4,7 +4,11 @@ serve` sends them, run in the engine alone (no HTTP). Prints the wall time of de
 mean context, then the kernels of one eager decode step at ~1.5k context (PyTorch profiler, CUDA
 time by kernel, grouped), table printed last.
 
-    PYTHONPATH=$PWD python3 benchmarks/diag/serving_step.py [--preset 20b] [--batch 256] [--kv-cache-dtype fp8]
+    PYTHONPATH=$PWD python3 benchmarks/diag/serving_step.py [--preset 20b] [--batch 256] \\
+        [--kv-cache-dtype fp8] [--no-pdl]
+
+--no-pdl: the profiled step's kernels launched without programmatic dependent launch (ops/pdl.py), so
+that each kernel's time is its own, not its wait for the one before as well.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ import torch
 from benchmarks.bench_decode import print_kernels
 from osserve.engine.core.sampling_params import SamplingParams
 from osserve.engine.load import EngineArgs, build_engine
+from osserve.ops import pdl
 
 
 def kind_of(name: str) -> str:
@@ -42,6 +47,7 @@ def main() -> None:
     ap.add_argument("--prompt", type=int, default=1000)
     ap.add_argument("--output", type=int, default=1024)
     ap.add_argument("--kv-cache-dtype", default="auto", help="auto (the model's dtype) or fp8")
+    ap.add_argument("--no-pdl", action="store_true", help="profile the step without PDL (module docstring)")
     ap.add_argument("--device", default=None, help="cpu: a dry run of the script (tiny preset, small sizes)")
     args = ap.parse_args()
     engine = build_engine(EngineArgs(load_format="dummy", preset=args.preset, max_model_len=4096,
@@ -63,6 +69,7 @@ def main() -> None:
             runner = engine.runner
             graphs, mixed = runner.graphs, runner.mixed
             runner.graphs = runner.mixed = None  # eager: the graph replays the same kernels
+            pdl.ENABLED = not args.no_pdl
             engine.step()
             activity = torch.profiler.ProfilerActivity.CUDA if cuda else torch.profiler.ProfilerActivity.CPU
             with torch.profiler.profile(activities=[activity]) as prof:
@@ -70,6 +77,7 @@ def main() -> None:
                 if cuda:
                     torch.cuda.synchronize()
             runner.graphs, runner.mixed = graphs, mixed
+            pdl.ENABLED = True
             events = prof.key_averages()
             print_kernels(f"decode step, batch {len(running)}, mean context {ctx}", events)
             kinds: dict[str, float] = defaultdict(float)
