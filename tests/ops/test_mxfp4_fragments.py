@@ -4,6 +4,8 @@ back exactly the checkpoint's values. (The kernel itself needs a Hopper GPU: tes
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 import torch
 
@@ -82,6 +84,15 @@ def test_bit_places_tile_the_word_and_match_the_ptx() -> None:
     for n in (4, 10, 6, 14):
         assert f"shf.r.wrap.b32 r, $8, $8, {n};" in DEQUANT_PTX or f"shf.r.wrap.b32 q, $8, $8, {n};" in DEQUANT_PTX
     assert DEQUANT_PTX.count("mul.rn.bf16x2") == 8
+
+
+def test_no_four_single_rotations_tile_the_word() -> None:
+    # Why one register merges two rotations (fragments._MERGED): of all 35,960 sets of four
+    # rotations, none places the mask's 8 bits on 32 distinct word bits.
+    mask_bits = [b for b in range(32) if 0x81C081C0 >> b & 1]
+    sets = list(itertools.combinations(range(32), 4))
+    assert len(sets) == 35_960 and len(mask_bits) == 8
+    assert not any(len({(b + r) % 32 for r in rs for b in mask_bits}) == 32 for rs in sets)
 
 
 def test_k_must_be_whole_64_column_steps() -> None:
