@@ -5,7 +5,7 @@ them to get its first token has waited at least for k whole prompts' prefill (it
 before it), so its TTFT is at least k x (one prompt's FLOPs) / (the rate the GPU sustains). The
 later requests arrive one at a time as others end, and wait less. Every request's TTFT is at least
 its entry in that vector (the later ones' entries 0), and a percentile only grows with the values,
-so the vector's p99 (numpy's linear interpolation, as `osserve bench serve` reports it) bounds the
+so the vector's p99 (np.percentile, as `osserve bench serve` reports it) bounds the
 run's from below.
 
 One prompt's FLOPs come from the model's shapes: the attention projections and router, the top-k
@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from osserve.config import FULL, ModelConfig, preset
@@ -49,30 +50,21 @@ def prompt_flops(cfg: ModelConfig, length: int) -> PromptFlops:
     h, q, kv, inter = cfg.hidden_size, cfg.q_size, cfg.kv_size, cfg.intermediate_size
     per_token_dense = 2 * h * (q + 2 * kv) + 2 * q * h + 2 * h * cfg.num_local_experts
     per_token_experts = cfg.num_experts_per_tok * 2 * (h * 2 * inter + inter * h)
-    keys = 0  # keys summed over positions and layers
-    for kind in cfg.layer_types:
-        if kind == FULL:
-            keys += length * (length + 1) // 2
-        else:
-            keys += sum(min(p + 1, cfg.sliding_window) for p in range(length))
+    # keys summed over a prompt's positions: all before it on a full layer, the window on a sliding one
+    full_keys = length * (length + 1) // 2
+    sliding_keys = sum(min(p + 1, cfg.sliding_window) for p in range(length))
+    full_layers = sum(kind == FULL for kind in cfg.layer_types)
     layers = cfg.num_hidden_layers
+    keys = full_layers * full_keys + (layers - full_layers) * sliding_keys
     return PromptFlops(dense=length * layers * per_token_dense, experts=length * layers * per_token_experts,
                        attention=4.0 * q * keys, head=2.0 * h * cfg.vocab_size)
 
 
-def percentile(values: list[float], pct: float) -> float:
-    """numpy.percentile's default (linear interpolation between the order statistics)."""
-    s = sorted(values)
-    pos = pct / 100 * (len(s) - 1)
-    lo = int(pos)
-    hi = min(lo + 1, len(s) - 1)
-    return s[lo] + (s[hi] - s[lo]) * (pos - lo)
-
-
 def ttft_bound(seconds_per_prompt: float, concurrency: int, num_requests: int, pct: float = 99.0) -> float:
-    """The pct-th percentile of the lower-bound vector: k x seconds_per_prompt for the first wave's k-th."""
+    """The pct-th percentile of the lower-bound vector: k x seconds_per_prompt for the first wave's k-th.
+    np.percentile, as `osserve bench serve` reports TTFTs (osserve/bench/stats.py)."""
     first_wave = [k * seconds_per_prompt for k in range(1, min(concurrency, num_requests) + 1)]
-    return percentile(first_wave + [0.0] * (num_requests - len(first_wave)), pct)
+    return float(np.percentile(first_wave + [0.0] * (num_requests - len(first_wave)), pct))
 
 
 def measured_rates(cfg: ModelConfig, tokens: int) -> dict[str, float]:
