@@ -131,7 +131,7 @@ def main() -> None:
                      f"(attention and head at the best, {best:,.0f})", f.total / per_prompt / 1e12, unit * per_prompt))
         rows.append((f"{device}, 8192^3 matmul's {rates['square']:,.0f} for every part", rates["square"],
                      unit * f.total / (rates["square"] * 1e12)))
-    print(f"\nTTFT p{99} over {args.num_requests} requests at concurrency {args.concurrency}: at least "
+    print(f"\nTTFT p99 over {args.num_requests} requests at concurrency {args.concurrency}: at least "
           f"{unit:.1f} prompts' prefill; a {args.goal_s:g} s goal needs {need:,.0f} TFLOP/s sustained "
           f"({unit * args.input_len / args.goal_s:,.0f} prompt tokens a second)")
     print("| rates (TFLOP/s) | overall TFLOP/s | TTFT p99 at least, s |\n|---|---|---|")
